@@ -1,0 +1,41 @@
+# Storytree. `make run` serves the app; `make test` runs every test.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-postgres lint format venv system-run system-test demo clean bench screenshots
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@PYTHON=$$(bin/find-python) && { [ -x $(PY) ] || $$PYTHON -m venv $(VENV); }
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+system-run:
+	@bin/ensure-system-packages redis-server:redis-server
+
+system-test: system-run
+	@bin/ensure-system-packages /usr/bin/chromium:chromium
+
+run: venv system-run
+	@mkdir -p var/redis
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	$(VENV)/bin/honcho start -f Procfile
+
+test: venv system-test
+	$(PY) -m pytest
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.adventure_list, name="adventure_list"),
+]

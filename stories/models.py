@@ -66,6 +66,9 @@ class Adventure(models.Model):
     model_profile = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="adventures")
     # The node the player stands on. Null only inside the transaction that creates the adventure.
     head = models.ForeignKey("Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Where undo came from: redo walks forward along this node's path. Cleared by any other
+    # head move (a new turn, a switch, a fork), which is what makes redo mean "go back".
+    redo_tip = models.ForeignKey("Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     # Bumped on every head move: optimistic concurrency for two tabs on one story.
     version = models.PositiveBigIntegerField(default=0)
     world_scan_depth = models.PositiveSmallIntegerField(

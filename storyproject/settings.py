@@ -169,7 +169,9 @@ def _sqlite(path: Path) -> dict:
             "transaction_mode": "IMMEDIATE",
             "timeout": envint("SQLITE_BUSY_TIMEOUT", 20, minimum=0),
         },
-        "TEST": {"NAME": path.with_name("test_" + path.name)},
+        # A file (not :memory:) so real worker processes can share it; per-process so
+        # concurrent test runs on one machine never share one.
+        "TEST": {"NAME": path.with_name(f"test_{os.getpid()}_{path.name}")},
     }
 
 

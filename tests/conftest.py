@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+pytest_plugins = ["tests.fake_openai"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -478,7 +478,7 @@ def _measured_delete(queryset: QuerySet, measured: dict[str, QuerySet], *, dry_r
     report = DeletionReport(dry_run=dry_run)
     report.bytes = {label: _text_bytes(qs) for label, qs in measured.items()}
     # The delete runs either way, so the row counts are Django's own cascade; a dry run undoes it.
-    savepoint = transaction.savepoint()
+    savepoint = transaction.savepoint_create()
     _total, per_model = queryset.delete()
     if dry_run:
         transaction.savepoint_rollback(savepoint)

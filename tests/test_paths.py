@@ -14,6 +14,12 @@ from stories.synthetic import build_story
 pytestmark = pytest.mark.django_db
 
 
+# These tests never log in: skip the deliberately slow password hashing of conftest's users.
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create(username="alice")
+
+
 def play(adventure, text: str = "I look around.") -> Node:
     return tree.node_append(
         adventure=adventure,

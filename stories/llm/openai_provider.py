@@ -85,11 +85,11 @@ def json_mode_format(tools: list[ToolSpec]) -> dict[str, Any]:
 
 
 def json_mode_instruction(tools: list[ToolSpec]) -> str:
-    lines = [
-        'Answer with exactly one JSON object {"tool": <tool name>, "arguments": {...}} and nothing else. Tools:',
-    ]
+    """Short on purpose: the full schemas already travel in `response_format`."""
+    lines = ['Answer with exactly one JSON object {"tool": <tool name>, "arguments": {...}} and nothing else. Tools:']
     for spec in tools:
-        lines.append(f"- {spec.name}: {spec.description} Arguments schema: {json.dumps(spec.parameters)}")
+        fields = ", ".join(spec.parameters.get("properties", {}))
+        lines.append(f"- {spec.name}({fields}): {spec.description}")
     return "\n".join(lines)
 
 

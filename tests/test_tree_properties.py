@@ -107,7 +107,11 @@ def apply(adventure: Adventure, op: str, seed: int, step: int) -> None:
             tree.undo(adventure=adventure, expected_version=version - 1)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(steps=st.lists(st.tuples(st.sampled_from(OPS), st.integers(min_value=0, max_value=10_000)), max_size=30))
 def test_random_operations_keep_the_tree_consistent(django_user_model, steps):
     owner, _ = django_user_model.objects.get_or_create(username="property")

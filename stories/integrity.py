@@ -151,6 +151,10 @@ def _check_live_per_coordinate(branches, nodes, violations) -> dict[tuple[int, i
     occupied: set[tuple[int, int]] = set()
     for node_id, branch_id, depth, _parent, is_live in nodes:
         occupied.add((branch_id, depth))
+        if branch_id not in branches:
+            violations.append(
+                Violation("node_branch", f"node {node_id} is on branch {branch_id}, not of this adventure")
+            )
         if is_live:
             live[(branch_id, depth)].append(node_id)
         if branch_id in branches and depth < branches[branch_id]["fork_depth"]:

@@ -751,6 +751,8 @@ def fork_from(*, adventure: Adventure, node: Node, expected_version: int | None)
     _check_version(locked, expected_version)
     if node.live:
         raise AlreadyTheStory()
+    if node.parent is None:
+        raise TreeError("The opening can't be forked.")
     if Node.objects.filter(parent_id=node.pk).exists():
         raise TreeError("Other turns already continue from this attempt.")
     branch = _sibling_branch(locked.pk, node.parent)

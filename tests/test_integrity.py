@@ -107,6 +107,12 @@ def test_lineage_faults(forked):
     assert {"branch_cycle", "root_branch_count"} <= codes(forked)
 
 
+def test_a_node_on_another_adventures_branch(forked, user):
+    other = tree.adventure_create(owner=user, title="other")
+    Node.objects.filter(pk=node("three-b").pk).update(branch=other.head.branch)
+    assert "node_branch" in codes(forked)
+
+
 def test_the_checkpoint_hook_runs_when_that_module_exists(forked, monkeypatch):
     seen = []
     hook = types.ModuleType("checkpoints.integrity")

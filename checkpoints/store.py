@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import QuerySet
+
 from stories import paths
 from stories.models import Adventure, Node
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BrokenAncestry",
     "Miss",
+    "candidates",
     "model_identity",
     "nearest_usable",
     "save_checkpoint",
@@ -182,6 +185,12 @@ def _summary_cap(adventure: Adventure) -> int | None:
         return 0
 
 
+def candidates(adventure: Adventure) -> QuerySet[ContextCheckpoint]:
+    """Rows that may serve a path of `adventure`: hosted on a live node (a checkpoint on a
+    non-live attempt shares its coordinate with the live one, but is not on any path)."""
+    return ContextCheckpoint.objects.filter(adventure=adventure, host_node__live=True).select_related(*RELATED)
+
+
 def nearest_usable(
     adventure: Adventure,
     head: Node,
@@ -194,7 +203,7 @@ def nearest_usable(
     on the way. One query finds the nearest (the path clause over the host's coordinates,
     live hosts only: a checkpoint on a non-live attempt is never on a path); each miss
     costs one more query for the next older one."""
-    queryset = ContextCheckpoint.objects.filter(adventure=adventure, host_node__live=True).select_related(*RELATED)
+    queryset = candidates(adventure)
     misses: list[Miss] = []
     while True:
         checkpoint = paths.nearest(queryset, head)
@@ -217,24 +226,26 @@ def nearest_usable(
 
 
 def _keeps_existing(existing: ContextCheckpoint, pending: ContextCheckpoint) -> bool:
-    """Is the host's existing row at least as good as `pending` (so pending is dropped)?"""
+    """Is the host's existing row usable and at least as good as `pending` (so pending is
+    dropped)? A corrupt or stale row never survives: it would only miss again."""
+    if existing.covered_depth < pending.covered_depth:
+        return False
     same_basis = (
-        not existing.invalidated
-        and existing.checkpoint_schema_version == pending.checkpoint_schema_version
+        existing.checkpoint_schema_version == pending.checkpoint_schema_version
         and existing.prompt_schema_version == pending.prompt_schema_version
         and existing.stable_prefix_hash == pending.stable_prefix_hash
         and existing.model_name == pending.model_name
     )
-    if not same_basis or existing.covered_depth < pending.covered_depth:
+    if not same_basis:
         return False
-    if existing.covered_depth == pending.covered_depth:
-        # Same source: the hashes must agree, or the existing row is corrupt.
-        return (
-            existing.covered_through_id == pending.covered_through_id
-            and existing.source_hash == pending.source_hash
-            and summary_problem(existing.summary_json, existing.source_hash) is None
-        )
-    return validate(existing) is None
+    # Same coverage: pending's source hash was just computed, so equality proves existing's.
+    same_source = (
+        existing.covered_through_id == pending.covered_through_id and existing.source_hash == pending.source_hash
+    )
+    if existing.covered_depth == pending.covered_depth and not same_source:
+        return False
+    reason = validate(existing, max_summary_tokens=_summary_cap(existing.adventure), verify_source=not same_source)
+    return reason is None
 
 
 def save_checkpoint(pending: ContextCheckpoint) -> ContextCheckpoint:

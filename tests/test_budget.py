@@ -41,6 +41,12 @@ from stories.synthetic import build_story
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def owner(django_user_model):
+    # No password: hashing one costs ~0.4 s per test, and nobody signs in here.
+    return django_user_model.objects.create(username="owner")
+
+
 def tail(text: str = "") -> dict:
     return {
         "input": {"kind": "do", "text": text},
@@ -60,9 +66,9 @@ def test_the_estimator_counts_utf8_bytes_of_the_serialization():
     assert estimate_tokens({"b": 1, "a": "é"}) == len('{"a":"é","b":1}'.encode())
 
 
-def test_the_hard_budget_is_the_window_minus_every_fixed_part(user):
+def test_the_hard_budget_is_the_window_minus_every_fixed_part(owner):
     profile = make_profile("w12k", context_window=12_000, max_output_tokens=1_500)
-    adventure = tree.adventure_create(owner=user, title="Budget", premise="A harbour.", model_profile=profile)
+    adventure = tree.adventure_create(owner=owner, title="Budget", premise="A harbour.", model_profile=profile)
     budget = turn_budget(adventure, TURN_TOOLS)
     assert budget.window == 12_000 and not budget.window_assumed
     assert budget.requested_output == 1_500
@@ -78,15 +84,15 @@ def test_the_hard_budget_is_the_window_minus_every_fixed_part(user):
 
 
 @pytest.mark.parametrize(("max_output", "requested"), [(None, 4096), (8000, 4096), (1000, 1000)])
-def test_requested_output_is_min_of_the_profile_limit_and_4096(user, max_output, requested):
+def test_requested_output_is_min_of_the_profile_limit_and_4096(owner, max_output, requested):
     profile = make_profile(f"out{max_output}", context_window=32_768, max_output_tokens=max_output)
-    adventure = tree.adventure_create(owner=user, title="Out", model_profile=profile)
+    adventure = tree.adventure_create(owner=owner, title="Out", model_profile=profile)
     assert turn_budget(adventure, TURN_TOOLS).requested_output == requested
 
 
-def test_exact_window_boundary_and_one_byte_overflow(user, fake_openai):
+def test_exact_window_boundary_and_one_byte_overflow(owner, fake_openai):
     profile = fake_openai.profile(context_window=6_000, max_output_tokens=512)
-    adventure = tree.adventure_create(owner=user, title="Edge", premise="A quiet room.", model_profile=profile)
+    adventure = tree.adventure_create(owner=owner, title="Edge", premise="A quiet room.", model_profile=profile)
     head = adventure.head
     budget = turn_budget(adventure, TURN_TOOLS)
     base = estimate_tokens(dynamic_tail_message(tail())["content"])
@@ -117,9 +123,9 @@ def test_exact_window_boundary_and_one_byte_overflow(user, fake_openai):
     assert len(fake_openai.requests) == sent
 
 
-def test_the_continuation_after_a_check_is_checked_to_the_byte(user):
+def test_the_continuation_after_a_check_is_checked_to_the_byte(owner):
     profile = make_profile("w6k", context_window=6_000, max_output_tokens=512)
-    adventure = tree.adventure_create(owner=user, title="Check", premise="A cliff.", model_profile=profile)
+    adventure = tree.adventure_create(owner=owner, title="Check", premise="A cliff.", model_profile=profile)
     composed = compose_turn(adventure=adventure, head=adventure.head, dynamic_tail=tail("I climb."), tools=TURN_TOOLS)
     budget = composed.budget
 
@@ -142,9 +148,9 @@ def test_the_continuation_after_a_check_is_checked_to_the_byte(user):
     )
 
 
-def test_an_unknown_window_falls_back_to_16384_and_says_so(user, capsys):
+def test_an_unknown_window_falls_back_to_16384_and_says_so(owner, capsys):
     profile = make_profile("unknown", context_window=None, max_output_tokens=1024)
-    adventure = tree.adventure_create(owner=user, title="Unknown", premise="Fog.", model_profile=profile)
+    adventure = tree.adventure_create(owner=owner, title="Unknown", premise="Fog.", model_profile=profile)
     budget = turn_budget(adventure, TURN_TOOLS)
     assert (budget.window, budget.window_assumed) == (16_384, True)
     report = context_report(adventure)
@@ -157,17 +163,17 @@ def test_an_unknown_window_falls_back_to_16384_and_says_so(user, capsys):
     assert context_report(adventure)["window_assumed"] is False
 
 
-def test_a_window_too_small_for_the_setup_is_refused(user):
+def test_a_window_too_small_for_the_setup_is_refused(owner):
     profile = make_profile("tiny", context_window=4_000, max_output_tokens=None)
-    adventure = tree.adventure_create(owner=user, title="Tiny", premise="Dust.", model_profile=profile)
+    adventure = tree.adventure_create(owner=owner, title="Tiny", premise="Dust.", model_profile=profile)
     with pytest.raises(WindowTooSmall):
         prepare(adventure=adventure, head=adventure.head, dynamic_tail=tail("hi"), tools=TURN_TOOLS)
     assert context_report(adventure)["error"]["code"] == "window_too_small"
 
 
-def test_switching_to_a_smaller_model_rebuilds_an_oversized_checkpoint(user):
+def test_switching_to_a_smaller_model_rebuilds_an_oversized_checkpoint(owner):
     big = make_profile("big", context_window=32_768, max_output_tokens=1_024)
-    adventure = use_profile(build_story(nodes=120, bytes_per_node=300, owner=user), big)
+    adventure = use_profile(build_story(nodes=120, bytes_per_node=300, owner=owner), big)
     first = play(adventure, "I read the harbour notices.")
     old = first.prepared.pending_checkpoint
     assert old is not None and old.pk is not None
@@ -213,11 +219,11 @@ TEXT = st.text(alphabet=string.ascii_letters + ' .,"\\\n' + "éßжन日🙂", 
     seed=st.integers(0, 2**16),
 )
 def test_every_request_and_continuation_stays_within_the_budget(
-    fake_openai, user, window, max_output, nodes, node_bytes, turns, seed
+    fake_openai, owner, window, max_output, nodes, node_bytes, turns, seed
 ):
     rng = random.Random(seed)
     profile = fake_openai.profile(context_window=window, max_output_tokens=max_output)
-    adventure = use_profile(build_story(nodes=nodes, bytes_per_node=node_bytes, owner=user), profile)
+    adventure = use_profile(build_story(nodes=nodes, bytes_per_node=node_bytes, owner=owner), profile)
     limit = window - max_output - budgets.safety_margin(window)
     start = len(fake_openai.requests)
     played = refused = 0

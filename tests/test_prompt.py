@@ -29,6 +29,12 @@ from stories.synthetic import build_story
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def owner(django_user_model):
+    # No password: hashing one costs ~0.4 s per test, and nobody signs in here.
+    return django_user_model.objects.create(username="owner")
+
+
 def content(message: dict) -> dict:
     return json.loads(message["content"])
 
@@ -38,14 +44,14 @@ def raw_tail_depths(messages: list[dict]) -> list[int]:
 
 
 @pytest.fixture
-def small(user):
+def small(owner):
     """A window small enough that a few dozen turns rotate checkpoints."""
     return make_profile("small-window", context_window=9_000, max_output_tokens=1_024)
 
 
-def test_layout_is_stable_prefix_then_branch_context_then_dynamic_tail(user):
+def test_layout_is_stable_prefix_then_branch_context_then_dynamic_tail(owner):
     adventure = tree.adventure_create(
-        owner=user, title="Layout", premise="A lighthouse, dark for three nights.", persona="Ilsa, a navigator."
+        owner=owner, title="Layout", premise="A lighthouse, dark for three nights.", persona="Ilsa, a navigator."
     )
     for text in ["I knock.", "I say hello.", "I climb the stairs."]:
         play(adventure, text)
@@ -73,8 +79,8 @@ def test_layout_is_stable_prefix_then_branch_context_then_dynamic_tail(user):
     assert prepared.verbatim_from_depth == 0 and prepared.checkpoint is None
 
 
-def test_stable_prefix_is_byte_identical_across_20_turns_and_changes_with_its_sources(user):
-    adventure = tree.adventure_create(owner=user, title="Stable", premise="Salt and rain.", persona="A smuggler.")
+def test_stable_prefix_is_byte_identical_across_20_turns_and_changes_with_its_sources(owner):
+    adventure = tree.adventure_create(owner=owner, title="Stable", premise="Salt and rain.", persona="A smuggler.")
     WorldEntry.objects.create(adventure=adventure, keys=["Maren"], content="Maren keeps the inn.")
     prefixes = set()
     for index in range(20):
@@ -108,8 +114,8 @@ def test_stable_prefix_is_byte_identical_across_20_turns_and_changes_with_its_so
     assert "harbour pilot" in prefix_now()
 
 
-def test_appending_keeps_every_earlier_message_and_a_rotation_is_one_cache_break(user, small):
-    adventure = use_profile(build_story(nodes=30, bytes_per_node=350, owner=user), small)
+def test_appending_keeps_every_earlier_message_and_a_rotation_is_one_cache_break(owner, small):
+    adventure = use_profile(build_story(nodes=30, bytes_per_node=350, owner=owner), small)
     previous = None
     rotations = appends = 0
     for index in range(24):
@@ -133,8 +139,8 @@ def test_appending_keeps_every_earlier_message_and_a_rotation_is_one_cache_break
     assert rotations >= 2 and appends >= rotations
 
 
-def test_a_checkpoint_replaces_only_a_continuous_oldest_prefix(user, small):
-    adventure = use_profile(build_story(nodes=80, bytes_per_node=300, owner=user), small)
+def test_a_checkpoint_replaces_only_a_continuous_oldest_prefix(owner, small):
+    adventure = use_profile(build_story(nodes=80, bytes_per_node=300, owner=owner), small)
     turn = play(adventure, "I open the ledger.")
     checkpoint = turn.prepared.checkpoint
     assert checkpoint is not None
@@ -148,8 +154,8 @@ def test_a_checkpoint_replaces_only_a_continuous_oldest_prefix(user, small):
     assert "checkpoint" not in content(messages[3])  # only the first raw-tail message carries it
 
 
-def test_nothing_is_truncated_and_a_too_large_node_is_refused(user, small):
-    adventure = use_profile(build_story(nodes=10, bytes_per_node=300, owner=user), small)
+def test_nothing_is_truncated_and_a_too_large_node_is_refused(owner, small):
+    adventure = use_profile(build_story(nodes=10, bytes_per_node=300, owner=owner), small)
     budget = turn_budget(adventure, TURN_TOOLS)
     turn = play(adventure, "I read the letter.")
     verbatim = paths.newest(turn.node.parent, turn.node.depth - turn.prepared.verbatim_from_depth)
@@ -168,15 +174,15 @@ def test_nothing_is_truncated_and_a_too_large_node_is_refused(user, small):
     assert (Node.objects.count(), ContextCheckpoint.objects.count(), fresh.head_id, fresh.version) == before
 
 
-def test_compose_without_a_checkpoint_over_the_watermark_needs_compaction(user, small):
-    adventure = use_profile(build_story(nodes=60, bytes_per_node=300, owner=user), small)
+def test_compose_without_a_checkpoint_over_the_watermark_needs_compaction(owner, small):
+    adventure = use_profile(build_story(nodes=60, bytes_per_node=300, owner=owner), small)
     tail = build_dynamic_tail(adventure, head=adventure.head, kind="continue", text="", state={})
     with pytest.raises(NeedsCompaction):
         compose_turn(adventure=adventure, head=adventure.head, dynamic_tail=tail, tools=TURN_TOOLS)
 
 
-def test_the_continuation_carries_only_the_call_and_a_qualitative_outcome(user):
-    adventure = tree.adventure_create(owner=user, title="Cont", premise="A wall.")
+def test_the_continuation_carries_only_the_call_and_a_qualitative_outcome(owner):
+    adventure = tree.adventure_create(owner=owner, title="Cont", premise="A wall.")
     tail = build_dynamic_tail(adventure, head=adventure.head, kind="do", text="I climb.", state={})
     composed = compose_turn(adventure=adventure, head=adventure.head, dynamic_tail=tail, tools=TURN_TOOLS)
     call = ToolCall("request_check", {"skill": "athletics", "difficulty": "hard", "reason": "A slick wall"})
@@ -190,8 +196,8 @@ def test_the_continuation_carries_only_the_call_and_a_qualitative_outcome(user):
             continuation(composed, call, leak)
 
 
-def test_the_next_turn_must_fit_before_a_reply_is_committed(user, small):
-    adventure = use_profile(tree.adventure_create(owner=user, title="Next", premise="A pier."), small)
+def test_the_next_turn_must_fit_before_a_reply_is_committed(owner, small):
+    adventure = use_profile(tree.adventure_create(owner=owner, title="Next", premise="A pier."), small)
     head = adventure.head
     budget = turn_budget(adventure, TURN_TOOLS)
     minimal = build_dynamic_tail(adventure, head=head, kind="continue", text="", state={})
@@ -206,8 +212,8 @@ def test_the_next_turn_must_fit_before_a_reply_is_committed(user, small):
     assert "Nothing was saved" in raised.value.message
 
 
-def test_a_summary_request_is_its_own_single_purpose_conversation(user):
-    adventure = tree.adventure_create(owner=user, title="Sum", premise="Fog.")
+def test_a_summary_request_is_its_own_single_purpose_conversation(owner):
+    adventure = tree.adventure_create(owner=owner, title="Sum", premise="Fog.")
     messages = build_summary_request(previous_summary=None, nodes=[adventure.head], max_chars=400)
     assert [m["role"] for m in messages] == ["system", "user"]
     assert "stable_prefix" not in messages[0]["content"]

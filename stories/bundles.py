@@ -23,6 +23,7 @@ name (the default profile is used).
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import re
@@ -176,11 +177,13 @@ def _branch_order(rows: list[Branch]) -> list[Branch]:
     for row in rows:
         by_parent[row.parent_branch_id if row.parent_branch_id in known else None].append(row)
     ordered: list[Branch] = []
-    ready = sorted(by_parent.pop(None, []), key=lambda b: b.pk)
+    ready = [(row.pk, row) for row in by_parent.pop(None, [])]
+    heapq.heapify(ready)
     while ready:
-        branch = ready.pop(0)
+        _pk, branch = heapq.heappop(ready)
         ordered.append(branch)
-        ready = sorted(ready + by_parent.pop(branch.pk, []), key=lambda b: b.pk)
+        for child in by_parent.pop(branch.pk, []):
+            heapq.heappush(ready, (child.pk, child))
     return ordered  # a branch in a parent cycle never becomes ready: it is left out
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+import redis
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import (
@@ -42,6 +43,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .models import Adventure, ApiToken, Branch, Memory, ModelProfile, Node, TurnJob, WorldEntry
 
@@ -146,13 +148,14 @@ def request_compaction(adventure: Adventure, *, target: Node | None = None) -> t
         def send() -> None:
             try:
                 compact_adventure_task.delay(job.pk)
-            except Exception as exc:  # a broker outage: fail the job with a reason instead of leaving it queued
+            except (KombuOperationalError, redis.RedisError, OSError) as exc:
+                # The broker is down: fail the job with a reason instead of leaving it queued forever.
                 log.warning("could not enqueue compact job %s: %s", job.pk, exc)
                 TurnJob.objects.filter(pk=job.pk, status=TurnJob.Status.QUEUED).update(
                     status=TurnJob.Status.FAILED,
                     stage=TurnJob.Stage.FINISHED,
                     error_code="queue_unavailable",
-                    error_message=f"Could not reach the task queue: {exc}",
+                    error_message="The task queue is not answering, so nothing was started. Try again in a minute.",
                     finished_at=timezone.now(),
                 )
 

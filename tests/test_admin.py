@@ -375,6 +375,30 @@ def test_retry_requeues_a_failed_job_once(admin_client, user, monkeypatch, djang
     assert failed.status == TurnJob.Status.QUEUED
 
 
+def test_compact_with_the_queue_down_fails_the_job_with_a_reason(
+    admin_client, user, monkeypatch, django_capture_on_commit_callbacks
+):
+    from kombu.exceptions import OperationalError
+
+    import checkpoints.tasks
+
+    def down(job_id):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+
+    monkeypatch.setattr(checkpoints.tasks.compact_adventure_task, "delay", down)
+    story = build_story(nodes=5, bytes_per_node=20, owner=user, title="Offline")
+    with django_capture_on_commit_callbacks(execute=True):
+        run_action(admin_client, Adventure, "compact_head_branch", [story])
+    job = TurnJob.objects.get(adventure=story, kind="compact")
+    assert job.status == TurnJob.Status.FAILED and job.error_code == "queue_unavailable"
+    # The next request is not blocked by a job that never ran.
+    monkeypatch.setattr(checkpoints.tasks.compact_adventure_task, "delay", lambda job_id: None)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = run_action(admin_client, Adventure, "compact_head_branch", [story])
+    assert TurnJob.objects.filter(adventure=story, kind="compact", status="queued").count() == 1
+    assert any("is queued" in m for m in messages_of(response))
+
+
 def test_retrying_a_failed_compaction_requests_a_new_one(
     admin_client, populated, monkeypatch, django_capture_on_commit_callbacks
 ):

@@ -107,7 +107,6 @@ def redis_url(redis_server: RedisServer, settings) -> str:
     settings.CELERY_BROKER_URL = redis_server.url
     from storyproject.celery import app
 
-    app.conf.task_always_eager = False
     if app.conf.broker_url != redis_server.url:
         # Forget pooled connections to the previous broker; they are rebuilt lazily.
         app.conf.broker_url = redis_server.url
@@ -183,6 +182,9 @@ class CeleryWorker:
 
 @pytest.fixture
 def celery_worker(redis_url: str, transactional_db) -> Iterator[CeleryWorker]:
+    from storyproject.celery import app
+
+    app.conf.task_always_eager = False
     worker = CeleryWorker(redis_url)
     worker.start()
     yield worker
@@ -192,6 +194,9 @@ def celery_worker(redis_url: str, transactional_db) -> Iterator[CeleryWorker]:
 @pytest.fixture
 def start_worker(redis_url: str, transactional_db):
     """Factory for tests that need to start (or restart) workers themselves."""
+    from storyproject.celery import app
+
+    app.conf.task_always_eager = False
     workers: list[CeleryWorker] = []
 
     def start(**extra_env: str) -> CeleryWorker:

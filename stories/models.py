@@ -99,6 +99,7 @@ class Branch(models.Model):
 
     class Meta:
         ordering = ["id"]
+        verbose_name_plural = "branches"
 
     def __str__(self) -> str:
         return self.name or f"Branch {self.pk}"

@@ -16,10 +16,11 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer, django_auth
 from pydantic import Field
 
-from . import paths, tree, turns
+from . import bundles, paths, tree, turns
 from .llm.base import effective_limits, profile_label
 from .models import Adventure, ApiToken, Branch, Memory, ModelProfile, Node, TurnJob, WorldEntry
 from .state import player_projection
+from .streaming import download
 
 
 class BearerToken(HttpBearer):
@@ -301,6 +302,33 @@ def adventure_create(request, payload: AdventureIn):
     )
     adventure = my_adventure(request, adventure.pk)
     return Status(201, adventure_out(adventure, full=True))
+
+
+@adventures.post("/import", response={201: dict, 400: ErrorOut, 413: ErrorOut})
+def adventure_import(request):
+    """The body is the file itself: a Storytree bundle (JSON) or a SillyTavern chat (JSONL)."""
+    limit = bundles.Caps.from_settings().max_bytes
+    declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    if declared > limit:
+        raise ApiError(413, "too_large", f"The file is {declared:,} bytes; at most {limit:,} can be imported.")
+    try:
+        adventure = bundles.import_any(request.body, owner=request.user, filename=request.GET.get("filename"))
+    except bundles.BundleError as exc:
+        raise ApiError(exc.status, "invalid_bundle" if exc.status == 400 else "too_large", str(exc)) from exc
+    body = adventure_out(my_adventure(request, adventure.pk), full=True)
+    body["warnings"] = list(getattr(adventure, "import_warnings", []))
+    return Status(201, body)
+
+
+@adventures.get("/{adventure_id}/export")
+def adventure_export(request, adventure_id: int):
+    adventure = my_adventure(request, adventure_id)
+    return download(
+        request,
+        bundles.export_stream(adventure),
+        filename=bundles.export_filename(adventure),
+        content_type="application/json; charset=utf-8",
+    )
 
 
 @adventures.get("/{adventure_id}")

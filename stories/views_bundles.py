@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
-from asgiref.sync import sync_to_async
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import filesizeformat
-from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
 from . import bundles
 from .bundles import BundleError
 from .models import Adventure
+from .streaming import download
 
 # Room for the multipart framing around the file itself.
 MULTIPART_SLACK_BYTES = 64 * 1024
@@ -33,28 +29,16 @@ class BundleUploadForm(forms.Form):
     )
 
 
-async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """Pull a sync generator one chunk at a time from the request's sync thread, so an ASGI
-    server streams the export instead of collecting it in memory first."""
-    done = object()
-    while True:
-        chunk = await sync_to_async(next, thread_sensitive=True)(chunks, done)
-        if chunk is done:
-            return
-        yield chunk
-
-
 @login_required
 @require_GET
 def adventure_export(request: HttpRequest, adventure_id: int) -> StreamingHttpResponse:
     adventure = get_object_or_404(Adventure, pk=adventure_id, owner=request.user)
-    chunks = bundles.export_stream(adventure)
-    response = StreamingHttpResponse(
-        _async_chunks(chunks) if isinstance(request, ASGIRequest) else chunks,
+    return download(
+        request,
+        bundles.export_stream(adventure),
+        filename=bundles.export_filename(adventure),
         content_type="application/json; charset=utf-8",
     )
-    response["Content-Disposition"] = content_disposition_header(True, bundles.export_filename(adventure))
-    return response
 
 
 def _max_bytes() -> int:

@@ -37,6 +37,9 @@ def api(client, token):
         def delete(self, url):
             return client.delete(url, headers=self.headers)
 
+        def client_post_raw(self, url, data: bytes):
+            return client.generic("POST", url, data, content_type="application/json", headers=self.headers)
+
     return Api(token)
 
 
@@ -196,3 +199,34 @@ def test_create_api_token_command_prints_a_working_token(client, user, capsys):
     key = capsys.readouterr().out.strip()
     response = client.get("/api/v1/adventures", headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 200
+
+
+def test_export_then_import_through_the_api(api, adventure, settings):
+    tree.memory_add(adventure=adventure, text="The bell tolls at midnight")
+    response = api.get(f"/api/v1/adventures/{adventure.pk}/export")
+    assert response.status_code == 200
+    assert response.streaming
+    body = b"".join(response.streaming_content)
+    imported = api.client_post_raw("/api/v1/adventures/import", body)
+    assert imported.status_code == 201, imported.content
+    new_id = imported.json()["id"]
+    assert new_id != adventure.pk
+    assert imported.json()["title"] == "The Dark Lighthouse"
+    again = b"".join(api.get(f"/api/v1/adventures/{new_id}/export").streaming_content)
+    assert again == body
+
+
+def test_import_refuses_bad_files_with_the_json_path(api, settings):
+    response = api.client_post_raw("/api/v1/adventures/import", b'{"format": "storytree-bundle", "version": 99}')
+    assert response.status_code == 400
+    assert "$" in response.json()["error"]["message"]
+    settings.STORYTREE_IMPORT_MAX_BYTES = 2048
+    response = api.client_post_raw("/api/v1/adventures/import", b" " * 4096)
+    assert response.status_code == 413
+    assert Adventure.objects.count() == 0
+
+
+def test_another_players_export_is_404(client, other_user, adventure):
+    _, key = ApiToken.issue(other_user)
+    response = client.get(f"/api/v1/adventures/{adventure.pk}/export", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 404

@@ -16,7 +16,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer, django_auth
 from pydantic import Field
 
-from . import bundles, paths, tree, turns
+from . import bundles, paths, throttle, tree, turns
 from .llm.base import effective_limits, profile_label
 from .models import Adventure, ApiToken, Branch, Memory, ModelProfile, Node, TurnJob, WorldEntry
 from .state import player_projection
@@ -88,6 +88,11 @@ def _http_error(request, exc: HttpError):
 @api.exception_handler(turns.TurnRefused)
 def _turn_refused(request, exc: turns.TurnRefused):
     return error_response(request, exc.status, exc.code, exc.message)
+
+
+@api.exception_handler(throttle.RateLimited)
+def _rate_limited(request, exc: throttle.RateLimited):
+    return error_response(request, 429, exc.code, exc.message, {"Retry-After": str(exc.retry_after)})
 
 
 @api.exception_handler(tree.StaleVersion)
@@ -307,6 +312,7 @@ def adventure_create(request, payload: AdventureIn):
 @adventures.post("/import", response={201: dict, 400: ErrorOut, 413: ErrorOut})
 def adventure_import(request):
     """The body is the file itself: a Storytree bundle (JSON) or a SillyTavern chat (JSONL)."""
+    throttle.hit(request.user.pk, "imports")
     limit = bundles.Caps.from_settings().max_bytes
     declared = int(request.META.get("CONTENT_LENGTH") or 0)
     if declared > limit:

@@ -30,7 +30,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from checkpoints import context as ctx
 from checkpoints.budget import ContextError
 
-from . import tree
+from . import throttle, tree
 from .llm.base import client_for, effective_limits
 from .llm.errors import ModelCancelled, ModelError, ModelMalformed
 from .llm.tools import REQUEST_CHECK, SUBMIT_TURN_PLAN
@@ -119,6 +119,7 @@ def turn_request(
     if expected_version is None:
         raise TurnRefused("expected_version is required: send the version of the story you are looking at.")
 
+    throttle.hit(adventure.owner_id, "turns")
     with transaction.atomic():
         locked = Adventure.objects.select_for_update().get(pk=adventure.pk)
         if idempotency_key:

@@ -11,7 +11,7 @@ from django.template.defaultfilters import filesizeformat
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
-from . import bundles
+from . import bundles, throttle
 from .bundles import BundleError
 from .models import Adventure
 from .streaming import download
@@ -85,6 +85,13 @@ def _adventure_import(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _form_page(request, form, status=400)
     upload = form.cleaned_data["file"]
+    try:
+        throttle.hit(request.user.pk, "imports")
+    except throttle.RateLimited as limited:
+        fault = {"headline": "Too many imports.", "path": "$", "reason": limited.message}
+        response = _form_page(request, BundleUploadForm(), status=429, fault=fault)
+        response["Retry-After"] = str(limited.retry_after)
+        return response
     try:
         adventure = bundles.import_any(upload, owner=request.user, filename=upload.name)
     except BundleError as error:

@@ -170,3 +170,39 @@ def test_cancel_a_queued_job(api, adventure, settings):
     assert cancelled["status"] == "cancelled"
     assert Node.objects.filter(adventure=adventure).count() == 1
     assert version(adventure) == 1
+
+
+def test_turn_requests_are_rate_limited_per_user_with_retry_after(api, adventure, settings):
+    settings.STORYTREE_TURN_RATE = "2/min"
+    assert play(api, adventure).status_code == 202
+    assert play(api, adventure).status_code == 202
+    limited = play(api, adventure)
+    assert limited.status_code == 429
+    assert int(limited["Retry-After"]) >= 1
+    assert limited.json()["error"]["code"] == "rate_limited"
+    assert Node.objects.filter(adventure=adventure).count() == 3
+
+
+def test_turn_requests_answer_503_when_the_queue_is_down(api, adventure, settings):
+    from storyproject.celery import app
+    from tests.conftest import free_port
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    settings.REDIS_URL = dead
+    app.conf.task_always_eager = False
+    original = app.conf.broker_url
+    app.conf.broker_url = dead
+    app._pool = None
+    app.amqp._producer_pool = None
+    app.conf.broker_connection_retry = False
+    app.conf.broker_connection_max_retries = 0
+    try:
+        response = play(api, adventure)
+    finally:
+        app.conf.broker_url = original
+        app._pool = None
+        app.amqp._producer_pool = None
+    assert response.status_code == 503, response.content
+    assert "not answering" in response.json()["error"]["message"]
+    assert Node.objects.filter(adventure=adventure).count() == 1
+    assert TurnJob.objects.get(adventure=adventure).status == "failed"

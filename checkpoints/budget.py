@@ -97,6 +97,13 @@ class ContinuationTooLarge(ContextError):
     default_message = "The model's hidden check request does not fit its context window."
 
 
+class RequestTooLarge(ContextError):
+    """A composed request over the limit: the accounting is exact, so this means a bug."""
+
+    code = "request_too_large"
+    default_message = "The request for the model came out larger than its context window allows."
+
+
 class WindowTooSmall(ContextError):
     code = "window_too_small"
     default_message = (

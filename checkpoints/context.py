@@ -435,9 +435,49 @@ def _checkpoint_info(checkpoint: ContextCheckpoint | None) -> dict[str, Any] | N
     }
 
 
+@dataclass
+class _Usage:
+    """How the next turn at a head would use its budget (no model call)."""
+
+    reserve: int
+    checkpoint: ContextCheckpoint | None
+    misses: list[store.Miss]
+    tail: Any  # prompt.Tail
+    content: int
+    fits: bool
+    needs_compaction: bool
+    after: dict[str, int] | None
+
+
+def _usage(adventure: Adventure, head: Node, budget: Budget, system: dict[str, Any]) -> _Usage:
+    reserve = reserve_dynamic_tokens(adventure, head, budget)
+    checkpoint, misses = store.nearest_usable(
+        adventure,
+        head,
+        stable_prefix_hash=stable_prefix_hash(system["content"]),
+        model_name=store.model_identity(adventure.model_profile),
+        max_summary_tokens=budget.summary_cap,
+    )
+    cp_tokens = checkpoint.summary_bytes if checkpoint is not None else 0
+    start = checkpoint.covered_depth + 1 if checkpoint is not None else 0
+    tail = read_tail(head, start, limit=max(0, budget.hard_input - reserve - cp_tokens))
+    content = reserve + cp_tokens + tail.tokens
+    fits = tail.complete and content <= budget.hard_input
+    needs_compaction = not fits or (content > budget.high_watermark and len(tail.nodes) > 1)
+    after = None
+    if needs_compaction:
+        planned = compaction.plan(
+            head=head, budget=budget, dynamic_tokens=min(reserve, budget.hard_input), checkpoint=checkpoint, force=True
+        )
+        if planned is not None:
+            after = {"covered_through_depth": planned.covered.depth, "verbatim_from_depth": planned.retained_from.depth}
+    return _Usage(reserve, checkpoint, misses, tail, content, fits, needs_compaction, after)
+
+
 def context_report(adventure: Adventure) -> dict[str, Any]:
     """The budget of the next turn at the head, its parts, the checkpoint in use and what
-    stays verbatim, without calling the model. JSON-ready (the API's context endpoint)."""
+    stays verbatim, without calling the model. JSON-ready (the API's context endpoint).
+    A story that cannot be budgeted reports `error` ({code, message}) instead of raising."""
     adventure = Adventure.objects.select_related("model_profile", "head__branch").get(pk=adventure.pk)
     profile, head = adventure.model_profile, adventure.head
     window, assumed, requested_output = effective_limits(profile)
@@ -454,38 +494,11 @@ def context_report(adventure: Adventure) -> dict[str, Any]:
     system = system_message(adventure)
     try:
         budget = turn_budget(adventure, TURN_TOOLS, system)
-    except ContextError as exc:
+        usage = _usage(adventure, head, budget, system)
+    except ContextError as exc:  # WindowTooSmall, BrokenAncestry, ...: shown, not a server error
         report["error"] = {"code": exc.code, "message": exc.message}
         return report
-    reserve = reserve_dynamic_tokens(adventure, head, budget)
-    checkpoint, misses = store.nearest_usable(
-        adventure,
-        head,
-        stable_prefix_hash=stable_prefix_hash(system["content"]),
-        model_name=store.model_identity(profile),
-        max_summary_tokens=budget.summary_cap,
-    )
-    cp_tokens = checkpoint.summary_bytes if checkpoint is not None else 0
-    start = checkpoint.covered_depth + 1 if checkpoint is not None else 0
-    tail = read_tail(head, start, limit=max(0, budget.hard_input - reserve - cp_tokens))
-    content = reserve + cp_tokens + tail.tokens
-    fits = tail.complete and content <= budget.hard_input
-    needs_compaction = not fits or (content > budget.high_watermark and len(tail.nodes) > 1)
-    after = None
-    if needs_compaction:
-        try:
-            planned = compaction.plan(
-                head=head,
-                budget=budget,
-                dynamic_tokens=min(reserve, budget.hard_input),
-                checkpoint=checkpoint,
-                force=True,
-            )
-        except ContextError as exc:
-            report["error"] = {"code": exc.code, "message": exc.message}
-            planned = None
-        if planned is not None:
-            after = {"covered_through_depth": planned.covered.depth, "verbatim_from_depth": planned.retained_from.depth}
+    checkpoint, tail, fits = usage.checkpoint, usage.tail, usage.fits
     report.update(
         budget=budget.as_dict(),
         parts={
@@ -494,10 +507,10 @@ def context_report(adventure: Adventure) -> dict[str, Any]:
             "framing": budget.framing,
             "continuation_reserve": budget.continuation_reserve,
             "safety_margin": budget.safety_margin,
-            "checkpoint": cp_tokens,
+            "checkpoint": checkpoint.summary_bytes if checkpoint is not None else 0,
             "verbatim_history": tail.tokens if fits else None,
-            "dynamic_tail_reserve": reserve,
-            "free": budget.hard_input - content if fits else None,
+            "dynamic_tail_reserve": usage.reserve,
+            "free": budget.hard_input - usage.content if fits else None,
         },
         checkpoint=_checkpoint_info(checkpoint),
         covered={"from_depth": 0, "through_depth": checkpoint.covered_depth} if checkpoint is not None else None,
@@ -507,8 +520,8 @@ def context_report(adventure: Adventure) -> dict[str, Any]:
             "nodes": len(tail.nodes) if fits else None,
             "tokens": tail.tokens if fits else None,
         },
-        needs_compaction=needs_compaction,
-        after_compaction=after,
-        misses=[{"checkpoint": miss.checkpoint_id, "reason": miss.reason} for miss in misses],
+        needs_compaction=usage.needs_compaction,
+        after_compaction=usage.after,
+        misses=[{"checkpoint": miss.checkpoint_id, "reason": miss.reason} for miss in usage.misses],
     )
     return report

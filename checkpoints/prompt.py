@@ -41,6 +41,7 @@ from .budget import (
     DynamicTailTooLarge,
     HistoryEntryTooLarge,
     NeedsCompaction,
+    RequestTooLarge,
     estimate_tokens,
     message_tokens,
     request_tokens,
@@ -328,8 +329,9 @@ def compose_turn(
         messages += node_messages(node, part if index == 0 else None)
     messages.append(tail_message)
     total = request_tokens(messages, tools, adventure.model_profile)
-    # The accounting is exact; this guards the guard.
-    assert total <= budget.request_limit - budget.continuation_reserve, (total, budget)
+    if total > budget.request_limit - budget.continuation_reserve:
+        # The accounting above is exact; this re-measures the whole request before it is sent.
+        raise RequestTooLarge(total_tokens=total, request_limit=budget.request_limit)
     return ComposedPrompt(
         messages=messages,
         tools=list(tools),

@@ -202,6 +202,18 @@ def test_switching_to_a_smaller_model_rebuilds_an_oversized_checkpoint(owner):
 
 # --- every request a server receives fits ---------------------------------------------------
 
+
+def test_a_server_without_tool_calling_is_budgeted_for_what_it_is_sent(owner, fake_openai):
+    # The provider sends an instruction message and a response format instead of tools.
+    profile = fake_openai.profile(supports_tools=False, context_window=9_000)
+    adventure = use_profile(build_story(nodes=60, bytes_per_node=250, owner=owner), profile)
+    for index in range(6):
+        play(adventure, f"I haul the net, {index}.")
+    limit = 9_000 - 1_024 - budgets.safety_margin(9_000)
+    assert any(r.body.get("response_format") for r in fake_openai.requests)
+    assert all(body_tokens(r.body) <= limit for r in fake_openai.requests)
+
+
 TEXT = st.text(alphabet=string.ascii_letters + ' .,"\\\n' + "éßжन日🙂", max_size=250)
 
 

@@ -12,7 +12,15 @@ from django.test.utils import CaptureQueriesContext
 
 from checkpoints import store
 from checkpoints.budget import ContextError
-from checkpoints.context import TURN_TOOLS, CheckpointMismatch, build_dynamic_tail, commit_turn, compact_now, prepare
+from checkpoints.context import (
+    TURN_TOOLS,
+    CheckpointMismatch,
+    build_dynamic_tail,
+    commit_turn,
+    compact_now,
+    context_report,
+    prepare,
+)
 from checkpoints.hashing import summary_digest
 from checkpoints.integrity import check
 from checkpoints.models import ContextCheckpoint
@@ -191,6 +199,8 @@ def test_broken_ancestry_is_a_hard_error_not_a_miss(story):
     with pytest.raises(BrokenAncestry):
         play(adventure, "I go on.")
     assert any(v.code.startswith("checkpoint") for v in check_adventure(adventure))
+    # The context panel says so instead of failing.
+    assert context_report(adventure)["error"]["code"] == "broken_ancestry"
 
 
 def test_a_broken_verbatim_tail_is_a_hard_error(owner):

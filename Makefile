@@ -29,6 +29,11 @@ run: venv system-run
 test: venv system-test
 	$(PY) -m pytest
 
+# The same suite against a private PostgreSQL server started for the run.
+test-postgres: venv system-test
+	@bin/ensure-system-packages pg_ctlcluster:postgresql
+	bin/with-postgres $(PY) -m pytest
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

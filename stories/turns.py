@@ -265,11 +265,11 @@ def turn_run(job_id: int, *, worker: str = "") -> None:
     except ModelError as exc:
         _finish(job, TurnJob.Status.FAILED, exc.code, exc.message)
     except ContextError as exc:
-        _finish(job, TurnJob.Status.FAILED, exc.code, exc.message)
+        _finish_unless_moved(job, exc.code, exc.message)
     except tree.StaleVersion:
         _finish(job, TurnJob.Status.FAILED, "stale_version", STALE_MESSAGE)
     except tree.TreeError as exc:
-        _finish(job, TurnJob.Status.FAILED, getattr(exc, "code", "refused"), str(exc))
+        _finish_unless_moved(job, getattr(exc, "code", "refused"), str(exc))
     except LockBusy:
         _finish(
             job, TurnJob.Status.FAILED, "busy", "Another job of this story is still running. Try again in a moment."
@@ -306,6 +306,19 @@ def _finish(job: TurnJob, status: str, code: str, message: str) -> None:
     TurnJob.objects.filter(pk=job.pk, status__in=UNFINISHED).update(
         status=status, error_code=code, error_message=message, finished_at=timezone.now(), stage=TurnJob.Stage.FINISHED,
     )  # fmt: skip
+
+
+def _finish_unless_moved(job: TurnJob, code: str, message: str) -> None:
+    """Fail the job with `code`, unless the story moved while the worker read it: the path is
+    read in several statements, so another tab's head move (an attempt switch, a fork) can
+    make it look broken (`broken_ancestry`) or refused. That is a stale turn, not damage."""
+    moved = (
+        job.expected_version is not None
+        and Adventure.objects.filter(pk=job.adventure_id).exclude(version=job.expected_version).exists()
+    )
+    if moved:
+        code, message = "stale_version", STALE_MESSAGE
+    _finish(job, TurnJob.Status.FAILED, code, message)
 
 
 class _JobProgress:

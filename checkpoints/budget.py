@@ -287,8 +287,9 @@ class Budget:
 
     @property
     def summary_cap(self) -> int:
-        """The largest checkpoint (as it sits in the prompt) this budget accepts."""
-        return max(0, min(MAX_SUMMARY_BYTES, int(self.hard_input * SUMMARY_SHARE)))
+        """The largest checkpoint (as it sits in the prompt) this budget accepts: its share of
+        the budget, never below the minimal summary (a smaller one could say nothing)."""
+        return min(MAX_SUMMARY_BYTES, max(MIN_SUMMARY_BYTES, int(self.hard_input * SUMMARY_SHARE)))
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -9,6 +9,7 @@ A broken *authoritative* parent chain is not a cache problem: `BrokenAncestry`, 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,13 @@ __all__ = [
 ]
 
 SUMMARY_KEYS = frozenset({"classification", "summary", "key_points", "digest"})
+# Source hashes verified in this process, keyed by everything the recomputation depends on
+# in the row. Committed nodes are immutable, so a row that verified once verifies again:
+# re-reading its whole covered path on every turn would make each turn O(depth). A changed
+# row is a new key (and is verified again); tampering with committed nodes themselves is
+# what `checkpoints.integrity` (which always recomputes) is for.
+_VERIFIED: OrderedDict[tuple, None] = OrderedDict()
+VERIFIED_MEMO_SIZE = 4096
 RELATED = ("host_node__branch", "covered_through", "retained_from")
 
 
@@ -150,12 +158,33 @@ def validate(
     if head is not None and not (paths.on_path(head, host) and paths.on_path(head, covered)):
         return "not_on_path"
     if verify_source:
+        key = _verified_key(cp)
+        if key in _VERIFIED:
+            _VERIFIED.move_to_end(key)
+            return None
         expected, _size = source_hash_for(
             adventure_id=cp.adventure_id, covered=covered, stable_prefix_hash=cp.stable_prefix_hash
         )
         if expected != cp.source_hash:
             return "source_hash_mismatch"
+        _VERIFIED[key] = None
+        while len(_VERIFIED) > VERIFIED_MEMO_SIZE:
+            _VERIFIED.popitem(last=False)
     return None
+
+
+def _verified_key(cp: ContextCheckpoint) -> tuple:
+    return (
+        cp.pk,
+        cp.created_at,
+        cp.adventure_id,
+        cp.covered_through_id,
+        cp.covered_depth,
+        cp.checkpoint_schema_version,
+        cp.prompt_schema_version,
+        cp.stable_prefix_hash,
+        cp.source_hash,
+    )
 
 
 def validate_checkpoint(checkpoint: ContextCheckpoint) -> tuple[bool, str]:

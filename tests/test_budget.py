@@ -225,8 +225,8 @@ TEXT = st.text(alphabet=string.ascii_letters + ' .,"\\\n' + "éßжन日🙂", 
 @given(
     window=st.integers(7_000, 24_000),
     max_output=st.sampled_from([256, 512, 1024, 2048]),
-    nodes=st.integers(1, 70),
-    node_bytes=st.integers(10, 450),
+    nodes=st.integers(1, 50),
+    node_bytes=st.integers(10, 350),
     turns=st.lists(st.tuples(TEXT, st.integers(1, 1_400), st.booleans(), st.integers(1, 300)), min_size=1, max_size=5),
     seed=st.integers(0, 2**16),
 )

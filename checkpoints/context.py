@@ -494,13 +494,17 @@ def context_report(adventure: Adventure) -> dict[str, Any]:
     system = system_message(adventure)
     try:
         budget = turn_budget(adventure, TURN_TOOLS, system)
+    except ContextError as exc:  # WindowTooSmall: shown, not a server error
+        report["error"] = {"code": exc.code, "message": exc.message}
+        return report
+    report["budget"] = budget.as_dict()
+    try:
         usage = _usage(adventure, head, budget, system)
-    except ContextError as exc:  # WindowTooSmall, BrokenAncestry, ...: shown, not a server error
+    except ContextError as exc:  # HistoryEntryTooLarge, BrokenAncestry, ...
         report["error"] = {"code": exc.code, "message": exc.message}
         return report
     checkpoint, tail, fits = usage.checkpoint, usage.tail, usage.fits
     report.update(
-        budget=budget.as_dict(),
         parts={
             "stable_prefix": budget.stable_prefix,
             "tools": budget.tools,

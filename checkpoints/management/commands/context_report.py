@@ -37,6 +37,9 @@ class Command(BaseCommand):
             f"hard input budget: {budget['hard_input']:,} (compacts above {budget['high_watermark']:,}, "
             f"down to {budget['low_watermark']:,})"
         )
+        if "parts" not in report:
+            write(f"error: {report['error']['code']}: {report['error']['message']}")
+            return
         write("parts:")
         for name, value in report["parts"].items():
             write(f"  {name:22} {'-' if value is None else format(value, ',')}")

@@ -9,6 +9,7 @@ A broken *authoritative* parent chain is not a cache problem: `BrokenAncestry`, 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,7 @@ SUMMARY_KEYS = frozenset({"classification", "summary", "key_points", "digest"})
 # row is a new key (and is verified again); tampering with committed nodes themselves is
 # what `checkpoints.integrity` (which always recomputes) is for.
 _VERIFIED: OrderedDict[tuple, None] = OrderedDict()
+_VERIFIED_LOCK = threading.Lock()  # the web process may validate from several threads
 VERIFIED_MEMO_SIZE = 4096
 RELATED = ("host_node__branch", "covered_through", "retained_from")
 
@@ -159,17 +161,19 @@ def validate(
         return "not_on_path"
     if verify_source:
         key = _verified_key(cp)
-        if key in _VERIFIED:
-            _VERIFIED.move_to_end(key)
-            return None
+        with _VERIFIED_LOCK:
+            if key in _VERIFIED:
+                _VERIFIED.move_to_end(key)
+                return None
         expected, _size = source_hash_for(
             adventure_id=cp.adventure_id, covered=covered, stable_prefix_hash=cp.stable_prefix_hash
         )
         if expected != cp.source_hash:
             return "source_hash_mismatch"
-        _VERIFIED[key] = None
-        while len(_VERIFIED) > VERIFIED_MEMO_SIZE:
-            _VERIFIED.popitem(last=False)
+        with _VERIFIED_LOCK:
+            _VERIFIED[key] = None
+            while len(_VERIFIED) > VERIFIED_MEMO_SIZE:
+                _VERIFIED.popitem(last=False)
     return None
 
 

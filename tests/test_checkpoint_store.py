@@ -102,6 +102,29 @@ def test_the_nearest_checkpoint_is_one_query_whatever_the_forks(owner, profile, 
     assert len(queries) <= 6 + math.ceil(checkpoint.covered_depth / 500), [q["sql"][:80] for q in queries]
 
 
+def test_a_verified_checkpoint_is_not_reread_on_every_turn(story):
+    adventure, checkpoint = story
+    adventure = Adventure.objects.select_related("model_profile").get(pk=adventure.pk)
+    head = Node.objects.select_related("branch").get(pk=adventure.head_id)
+    expectations = {
+        "stable_prefix_hash": current_stable_prefix_hash(adventure),
+        "model_name": store.model_identity(adventure.model_profile),
+        "max_summary_tokens": turn_budget(adventure, TURN_TOOLS).summary_cap,
+    }
+    with CaptureQueriesContext(connection) as first:
+        assert store.nearest_usable(adventure, head, **expectations) == (checkpoint, [])
+    with CaptureQueriesContext(connection) as again:
+        assert store.nearest_usable(adventure, head, **expectations) == (checkpoint, [])
+    # The covered path was read once; now only the one nearest query remains.
+    assert len(again) == 1 < len(first)
+    # A changed row is a different fact: verified again (and here, found wrong).
+    checkpoint.source_hash = "e" * 64
+    reseal(checkpoint)
+    checkpoint.save()
+    _found, misses = store.nearest_usable(adventure, head, **expectations)
+    assert [m.reason for m in misses] == ["source_hash_mismatch"]
+
+
 def test_deleting_every_checkpoint_changes_nothing_a_player_sees(owner, profile):
     adventure = use_profile(build_story(nodes=50, forks=3, bytes_per_node=300, owner=owner), profile)
     for index in range(8):

@@ -42,5 +42,10 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# Benchmarks side by side with what users would pick instead; writes bench/RESULTS.md (~10 min).
+bench: venv system-run
+	$(PY) -m pip install --quiet -r requirements-bench.txt
+	$(PY) bench/run_all.py
+
 clean:
 	rm -rf $(VENV) var

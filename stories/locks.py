@@ -26,6 +26,23 @@ class LockBusy(Exception):
     """Another job of this adventure holds the lock."""
 
 
+class LockLost(Exception):
+    """The lock is no longer ours: it expired, or Redis restarted and forgot it."""
+
+
+class HeldLock:
+    """What `adventure_lock` yields: lets the holder check, before it commits, that it still
+    holds the lock (the heartbeat cannot renew it while Redis is down)."""
+
+    def __init__(self, lock) -> None:
+        self._lock = lock
+
+    def verify(self) -> None:
+        """Raise LockLost when the lock is not ours any more; redis.RedisError when Redis is gone."""
+        if not self._lock.owned():
+            raise LockLost("the adventure lock expired or was lost")
+
+
 def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=5)
 
@@ -41,7 +58,7 @@ def holder(adventure_id: int) -> str | None:
 
 
 @contextmanager
-def adventure_lock(adventure_id: int, owner: str, *, wait: float = 30.0) -> Iterator[None]:
+def adventure_lock(adventure_id: int, owner: str, *, wait: float = 30.0) -> Iterator[HeldLock]:
     client = redis_client()
     ttl = lock_ttl()
     lock = client.lock(lock_name(adventure_id), timeout=ttl, blocking_timeout=wait, thread_local=False)
@@ -59,7 +76,7 @@ def adventure_lock(adventure_id: int, owner: str, *, wait: float = 30.0) -> Iter
     thread = threading.Thread(target=beat, name=f"lock-heartbeat-{adventure_id}", daemon=True)
     thread.start()
     try:
-        yield
+        yield HeldLock(lock)
     finally:
         stop.set()
         thread.join(2)

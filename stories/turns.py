@@ -13,6 +13,7 @@ unmoved head.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -22,7 +23,7 @@ from datetime import timedelta
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -34,7 +35,7 @@ from . import throttle, tree
 from .llm.base import client_for, effective_limits
 from .llm.errors import ModelCancelled, ModelError, ModelMalformed
 from .llm.tools import REQUEST_CHECK, SUBMIT_TURN_PLAN
-from .locks import LockBusy, adventure_lock, holder, lock_ttl
+from .locks import HeldLock, LockBusy, LockLost, adventure_lock, holder, lock_ttl, redis_client
 from .models import Adventure, Node, TurnJob
 from .state import InvalidDelta, apply_delta, validate_delta
 
@@ -146,6 +147,7 @@ def turn_request(
         except IntegrityError:
             # The same key raced in from another request: return that job.
             return TurnJob.objects.get(adventure=locked, idempotency_key=idempotency_key), False
+        _mark_queued(job.pk)
     enqueue(job)
     return job, True
 
@@ -190,6 +192,28 @@ def enqueue(job: TurnJob) -> None:
 
 
 QUEUE_DOWN_MESSAGE = "The story queue is not answering right now, so nothing was started. Try again in a minute."
+QUEUE_LOST_MESSAGE = "The story queue restarted and lost this turn before it started. Nothing was saved; you can retry."
+
+
+# A queued turn's message lives in Redis; so does this mark, set before the job row is committed
+# as queued and removed when a worker claims it. A queued job without its mark was lost with
+# Redis's data (a restart without persistence), so polling it can say so instead of waiting forever.
+QUEUED_MARK_TTL = 7 * 24 * 3600
+
+
+def _queued_mark(job_id: int) -> str:
+    return f"storytree:job-queued:{job_id}"
+
+
+def _mark_queued(job_id: int) -> None:
+    # Down: the enqueue that follows meets the same outage and fails the job with its message.
+    with contextlib.suppress(redis.RedisError):
+        redis_client().set(_queued_mark(job_id), 1, ex=QUEUED_MARK_TTL)
+
+
+def _unmark_queued(job_id: int) -> None:
+    with contextlib.suppress(redis.RedisError):  # down: it expires on its own
+        redis_client().delete(_queued_mark(job_id))
 
 
 def job_cancel(job: TurnJob) -> TurnJob:
@@ -215,6 +239,7 @@ def job_retry(job: TurnJob) -> TurnJob:
             raise TurnConflict(STALE_MESSAGE, code="stale_version")
         if TurnJob.objects.filter(adventure=adventure, status__in=UNFINISHED).exclude(kind="compact").exists():
             raise TurnConflict("A turn is already being written for this story.", code="turn_in_progress")
+        _mark_queued(job.pk)
         TurnJob.objects.filter(pk=job.pk).update(
             status=TurnJob.Status.QUEUED, stage=TurnJob.Stage.WAITING, cancel_requested=False, error_code="",
             error_message="", partial_text="", progress_done=0, progress_total=0, finished_at=None,
@@ -225,7 +250,21 @@ def job_retry(job: TurnJob) -> TurnJob:
 
 
 def job_refresh(job: TurnJob) -> TurnJob:
-    """Read a job, noticing a worker that died holding it (its lock expired with no heartbeat)."""
+    """Read a job, noticing a worker that died holding it (its lock expired with no heartbeat),
+    and a queued turn that can never start (Redis is down, or came back without it)."""
+    if job.status == TurnJob.Status.QUEUED and job.kind != TurnJob.Kind.COMPACT:
+        try:
+            lost = not redis_client().exists(_queued_mark(job.pk))
+        except redis.RedisError:
+            code, message = "queue_unavailable", QUEUE_DOWN_MESSAGE
+        else:
+            code, message = "queue_lost", QUEUE_LOST_MESSAGE
+        if code == "queue_unavailable" or lost:
+            TurnJob.objects.filter(pk=job.pk, status=TurnJob.Status.QUEUED).update(
+                status=TurnJob.Status.FAILED, error_code=code, error_message=message, finished_at=timezone.now(),
+                stage=TurnJob.Stage.FINISHED,
+            )  # fmt: skip
+            job.refresh_from_db()
     if job.status == TurnJob.Status.RUNNING and job.started_at:
         grace = timedelta(seconds=lock_ttl() * 2)
         if timezone.now() - job.started_at > grace:
@@ -236,7 +275,7 @@ def job_refresh(job: TurnJob) -> TurnJob:
             if held_by != str(job.pk):
                 TurnJob.objects.filter(pk=job.pk, status=TurnJob.Status.RUNNING, attempts=job.attempts).update(
                     status=TurnJob.Status.FAILED, error_code="worker_lost", error_message=WORKER_LOST_MESSAGE,
-                    finished_at=timezone.now(), stage=TurnJob.Stage.FINISHED,
+                    finished_at=timezone.now(), stage=TurnJob.Stage.FINISHED, partial_text="",
                 )  # fmt: skip
                 job.refresh_from_db()
     return job
@@ -254,8 +293,8 @@ def turn_run(job_id: int, *, worker: str = "") -> None:
     if job is None:
         return
     try:
-        with adventure_lock(job.adventure_id, owner=str(job.pk)):
-            _generate(job)
+        with adventure_lock(job.adventure_id, owner=str(job.pk)) as lock:
+            _generate(job, lock)
     except JobCancelled:
         _finish(job, TurnJob.Status.CANCELLED, "cancelled", "Cancelled. Nothing was saved.")
     except ModelCancelled:
@@ -278,10 +317,41 @@ def turn_run(job_id: int, *, worker: str = "") -> None:
         _finish(
             job, TurnJob.Status.FAILED, "timeout", "Writing this turn took too long and was stopped. Nothing was saved."
         )
-    except redis.RedisError:
+    except (redis.RedisError, LockLost):
         _finish(
             job, TurnJob.Status.FAILED, "queue_unavailable", "Lost contact with Redis while writing. Nothing was saved."
         )
+    except OperationalError as exc:
+        if not _database_busy(exc):
+            raise
+        _finish(job, TurnJob.Status.FAILED, "database_busy", DATABASE_BUSY_MESSAGE)
+
+
+DATABASE_BUSY_MESSAGE = "The database was too busy to save this turn. Nothing was saved; you can retry."
+# SQLite answers "database is locked" once its busy timeout (SQLITE_BUSY_TIMEOUT) passes while
+# another connection holds the write lock. The turn's writes are whole transactions, so they
+# are simply run again, a few times, before the job gives up.
+DATABASE_BUSY_ATTEMPTS = 4
+
+
+def _database_busy(exc: OperationalError) -> bool:
+    text = str(exc).lower()
+    return "database is locked" in text or "database table is locked" in text
+
+
+def _retry_when_busy(write):
+    """Run `write` (one whole transaction, or one statement in autocommit) again while the
+    database reports itself busy, with a short backoff; the last failure is raised."""
+    for attempt in range(DATABASE_BUSY_ATTEMPTS):
+        try:
+            return write()
+        except OperationalError as exc:
+            last = attempt == DATABASE_BUSY_ATTEMPTS - 1
+            if last or not _database_busy(exc) or transaction.get_connection().in_atomic_block:
+                raise
+            log.warning("database busy, retrying (%s/%s)", attempt + 1, DATABASE_BUSY_ATTEMPTS)
+            time.sleep(min(0.25 * 2**attempt, 2.0))
+    return None  # pragma: no cover - the loop returns or raises
 
 
 def _claim(job_id: int, worker: str) -> TurnJob | None:
@@ -299,13 +369,22 @@ def _claim(job_id: int, worker: str) -> TurnJob | None:
         )  # fmt: skip
         if not claimed:
             return None
+    _unmark_queued(job_id)
     return TurnJob.objects.select_related("adventure", "target_node").get(pk=job_id)
 
 
 def _finish(job: TurnJob, status: str, code: str, message: str) -> None:
-    TurnJob.objects.filter(pk=job.pk, status__in=UNFINISHED).update(
-        status=status, error_code=code, error_message=message, finished_at=timezone.now(), stage=TurnJob.Stage.FINISHED,
-    )  # fmt: skip
+    """End an unfinished job that wrote nothing. Narration it streamed is discarded with it."""
+    _retry_when_busy(
+        lambda: TurnJob.objects.filter(pk=job.pk, status__in=UNFINISHED).update(
+            status=status,
+            error_code=code,
+            error_message=message,
+            finished_at=timezone.now(),
+            stage=TurnJob.Stage.FINISHED,
+            partial_text="",
+        )  # fmt: skip
+    )
 
 
 def _finish_unless_moved(job: TurnJob, code: str, message: str) -> None:
@@ -406,7 +485,7 @@ def roll_check(arguments: dict, *, rng: random.Random | None = None) -> dict:
     }
 
 
-def _generate(job: TurnJob) -> None:
+def _generate(job: TurnJob, lock: HeldLock) -> None:
     progress = _JobProgress(job)
     adventure = Adventure.objects.select_related("model_profile", "head").get(pk=job.adventure_id)
     if adventure.version != job.expected_version:
@@ -483,6 +562,8 @@ def _generate(job: TurnJob) -> None:
     ctx.assert_next_turn_fits(adventure=adventure, head=plan.parent, candidate=content, prepared=prepared)
 
     progress.check_cancel()
+    # Still ours? Without Redis the heartbeat could not renew it: another job may hold the story now.
+    lock.verify()
     progress.stage(TurnJob.Stage.COMMITTING)
 
     def write_node() -> Node:
@@ -497,11 +578,13 @@ def _generate(job: TurnJob) -> None:
         Adventure.objects.filter(pk=adventure.pk).update(last_played_at=timezone.now())
         return node
 
-    ctx.commit_turn(
-        adventure=adventure,
-        expected_version=job.expected_version,
-        pending_checkpoint=prepared.pending_checkpoint,
-        write_node=write_node,
+    _retry_when_busy(
+        lambda: ctx.commit_turn(
+            adventure=adventure,
+            expected_version=job.expected_version,
+            pending_checkpoint=prepared.pending_checkpoint,
+            write_node=write_node,
+        )
     )
 
 

@@ -251,6 +251,17 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A worker that dies mid-task gives the message back after this many seconds.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 900, minimum=10)}
 CELERY_BEAT_SCHEDULE: dict = {}
+# The retention pass (docs/retention.md), nightly when enabled; needs `celery -A storyproject beat`.
+STORYTREE_PRUNE_NIGHTLY = envbool("STORYTREE_PRUNE_NIGHTLY", False)
+if STORYTREE_PRUNE_NIGHTLY:
+    from celery.schedules import crontab
+
+    CELERY_BEAT_SCHEDULE["prune-nightly"] = {
+        "task": "checkpoints.tasks_retention.prune_all_task",
+        "schedule": crontab(hour=3, minute=30),
+    }
+# Finished turn jobs older than this many days (and not protected) are deleted by the pass.
+STORYTREE_JOB_RETENTION_DAYS = envint("STORYTREE_JOB_RETENTION_DAYS", 30, minimum=1)
 
 # --- The default model profile, created on first migrate when none exists.
 STORYTREE_DEFAULT_PROVIDER = os.environ.get("STORYTREE_DEFAULT_PROVIDER", "builtin")

@@ -46,7 +46,8 @@ def _check_one(cp: ContextCheckpoint) -> list[Violation]:
     in_order = covered.depth == cp.covered_depth < host.depth and (
         retained is None or (retained.parent_id == covered.pk and retained.depth == covered.depth + 1 <= host.depth)
     )
-    on_one_path = paths.on_path(host, covered) and (retained is None or paths.on_path(host, retained))
+    # The host itself is on its own path even when a retry has made it a non-live attempt.
+    on_one_path = _on_host_path(host, covered) and (retained is None or _on_host_path(host, retained))
     if not (in_order and on_one_path):
         problems.append(
             Violation(
@@ -71,3 +72,7 @@ def _check_one(cp: ContextCheckpoint) -> list[Violation]:
     elif cp.summary_bytes != checkpoint_tokens(checkpoint_part(cp.summary_json, cp.covered_depth)):
         problems.append(Violation("checkpoint_summary", f"{name}: summary_bytes does not match the summary"))
     return problems
+
+
+def _on_host_path(host, node) -> bool:
+    return node.pk == host.pk or paths.on_path(host, node)

@@ -11,3 +11,7 @@ def compact_adventure_task(self, job_id: int) -> None:
     from .jobs import compact_job_run
 
     compact_job_run(job_id, worker=self.request.hostname or "")
+
+
+# Registered with every worker through this autodiscovered module.
+from .tasks_retention import prune_all_task  # noqa: E402, F401

@@ -6,6 +6,7 @@ another player's objects answer 404 exactly like missing ones.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.http import Http404, HttpRequest
@@ -13,7 +14,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from ninja import NinjaAPI, Router, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.security import HttpBearer, django_auth
+from ninja.security import HttpBearer, SessionAuth
 from pydantic import Field
 
 from . import bundles, paths, throttle, tree, turns
@@ -33,11 +34,21 @@ class BearerToken(HttpBearer):
         return found.user
 
 
+class BrowserSession(SessionAuth):
+    """The browser's session. CSRF is checked only for a signed-in session, so a call with
+    neither a session nor a token is a 401 (not a CSRF 403)."""
+
+    def __call__(self, request: HttpRequest):
+        if not request.user.is_authenticated:
+            return None
+        return super().__call__(request)
+
+
 api = NinjaAPI(
     title="Storytree API",
     version="1",
     urls_namespace="api",
-    auth=[BearerToken(), django_auth],
+    auth=[BearerToken(), BrowserSession()],
     docs_url="/docs",
     openapi_url="/openapi.json",
 )
@@ -139,6 +150,179 @@ class ErrorBody(Schema):
 
 class ErrorOut(Schema):
     error: ErrorBody
+
+
+def responses(ok: dict[int, Any], *errors: int) -> dict[int, Any]:
+    """An operation's documented responses: its successes, then the error statuses it can
+    answer with (every one as ErrorOut). 400 (bad input), 401 (no session or token) and 403
+    (a signed-in browser session without its CSRF token) apply to every operation."""
+    return {**ok, **dict.fromkeys(sorted({400, 401, 403, *errors}), ErrorOut)}
+
+
+class ProfileRef(Schema):
+    id: int
+    name: str
+    label: str
+
+
+class StateOut(Schema):
+    """The player's projection of the story state (hidden flags and numbers never appear)."""
+
+    flags: list[str]
+    relationships: dict[str, str]
+    inventory: list[str]
+    facts: list[str]
+
+
+class AdventureOut(Schema):
+    id: int
+    title: str
+    head: int | None
+    version: int
+    length: int
+    model_profile: ProfileRef
+    created_at: datetime
+    last_played_at: datetime | None
+
+
+class AdventureDetail(AdventureOut):
+    premise: str
+    persona: str
+    style: str
+    state: StateOut
+
+
+class AdventureImported(AdventureDetail):
+    warnings: list[str]
+
+
+class AdventureList(Schema):
+    adventures: list[AdventureOut]
+
+
+class NodeOut(Schema):
+    id: int
+    depth: int
+    kind: str
+    input: str
+    narration: str
+    suggestions: list[str]
+    branch: int
+    live: bool
+    created_at: datetime
+
+
+class StoryOut(Schema):
+    nodes: list[NodeOut]
+    has_more: bool
+    version: int
+    head: int | None
+
+
+class JobProgress(Schema):
+    done: int
+    total: int
+
+
+class JobOut(Schema):
+    id: int
+    adventure: int
+    kind: str
+    status: str
+    stage: str
+    progress: JobProgress
+    partial_text: str
+    error: ErrorBody | None
+    node: int | None
+    created_at: datetime
+
+
+class BranchOut(Schema):
+    id: int
+    name: str
+    label: str
+    parent: int | None
+    fork_depth: int
+    nodes: int
+    tip_depth: int | None
+    current: bool
+    on_head_path: bool
+
+
+class BranchTree(Schema):
+    branches: list[BranchOut]
+    head: int | None
+    version: int
+
+
+class BranchRenamed(Schema):
+    id: int
+    name: str
+    label: str
+
+
+class DeletionOut(Schema):
+    branch_ids: list[int]
+    labels: list[str]
+    rows: dict[str, int]
+    bytes: dict[str, int]
+    dry_run: bool
+    total_rows: int
+    total_bytes: int
+
+
+class BranchDeleted(Schema):
+    deleted: DeletionOut
+
+
+class AttemptsOut(Schema):
+    attempts: list[NodeOut]
+    tip: bool
+
+
+class ForkOut(Schema):
+    branch: int
+    adventure: AdventureDetail
+
+
+class MemoryOut(Schema):
+    id: int
+    text: str
+    pinned: bool
+    branch: int
+    depth: int
+
+
+class MemoryList(Schema):
+    memories: list[MemoryOut]
+
+
+class EntryOut(Schema):
+    id: int
+    keys: list[str]
+    content: str
+    priority: int
+    always_on: bool
+    enabled: bool
+
+
+class EntryList(Schema):
+    world_entries: list[EntryOut]
+
+
+class ProfileOut(Schema):
+    id: int
+    name: str
+    label: str
+    provider: str
+    context_window: int
+    window_assumed: bool
+    max_output_tokens: int
+    default: bool
+
+
+class ProfileList(Schema):
+    profiles: list[ProfileOut]
 
 
 class AdventureIn(Schema):
@@ -282,13 +466,13 @@ def entry_out(entry: WorldEntry) -> dict[str, Any]:
 adventures = Router(tags=["adventures"])
 
 
-@adventures.get("")
+@adventures.get("", response=responses({200: AdventureList}))
 def adventure_list(request):
     qs = Adventure.objects.filter(owner=request.user).select_related("head", "model_profile")
     return {"adventures": [adventure_out(a) for a in qs]}
 
 
-@adventures.post("", response={201: dict, 400: ErrorOut})
+@adventures.post("", response=responses({201: AdventureDetail}))
 def adventure_create(request, payload: AdventureIn):
     profile = None
     if payload.model_profile_id is not None:
@@ -309,7 +493,7 @@ def adventure_create(request, payload: AdventureIn):
     return Status(201, adventure_out(adventure, full=True))
 
 
-@adventures.post("/import", response={201: dict, 400: ErrorOut, 413: ErrorOut})
+@adventures.post("/import", response=responses({201: AdventureImported}, 413, 429))
 def adventure_import(request):
     """The body is the file itself: a Storytree bundle (JSON) or a SillyTavern chat (JSONL)."""
     throttle.hit(request.user.pk, "imports")
@@ -326,7 +510,7 @@ def adventure_import(request):
     return Status(201, body)
 
 
-@adventures.get("/{adventure_id}/export")
+@adventures.get("/{adventure_id}/export", response=responses({200: dict[str, Any]}, 404))
 def adventure_export(request, adventure_id: int):
     adventure = my_adventure(request, adventure_id)
     return download(
@@ -337,18 +521,18 @@ def adventure_export(request, adventure_id: int):
     )
 
 
-@adventures.get("/{adventure_id}")
+@adventures.get("/{adventure_id}", response=responses({200: AdventureDetail}, 404))
 def adventure_detail(request, adventure_id: int):
     return adventure_out(my_adventure(request, adventure_id), full=True)
 
 
-@adventures.delete("/{adventure_id}", response={204: None})
+@adventures.delete("/{adventure_id}", response=responses({204: None}, 404))
 def adventure_delete(request, adventure_id: int):
     tree.adventure_delete(adventure=my_adventure(request, adventure_id))
     return Status(204, None)
 
 
-@adventures.get("/{adventure_id}/story")
+@adventures.get("/{adventure_id}/story", response=responses({200: StoryOut}, 404))
 def adventure_story(request, adventure_id: int, before: int | None = None, limit: int = 30):
     adventure = my_adventure(request, adventure_id)
     if not 1 <= limit <= 200:
@@ -368,7 +552,7 @@ def adventure_story(request, adventure_id: int, before: int | None = None, limit
     }
 
 
-@adventures.post("/{adventure_id}/turns", response={202: dict, 200: dict, 400: ErrorOut, 409: ErrorOut, 503: ErrorOut})
+@adventures.post("/{adventure_id}/turns", response=responses({202: JobOut, 200: JobOut}, 404, 409, 429, 503))
 def turn_create(request, adventure_id: int, payload: TurnIn):
     adventure = my_adventure(request, adventure_id)
     node = None
@@ -388,38 +572,38 @@ def turn_create(request, adventure_id: int, payload: TurnIn):
     return Status((202 if created else 200), job_out(job))
 
 
-@adventures.post("/{adventure_id}/undo")
+@adventures.post("/{adventure_id}/undo", response=responses({200: AdventureDetail}, 404, 409))
 def adventure_undo(request, adventure_id: int, payload: VersionIn):
     adventure = tree.undo(adventure=my_adventure(request, adventure_id), expected_version=payload.expected_version)
     return adventure_out(my_adventure(request, adventure.pk), full=True)
 
 
-@adventures.post("/{adventure_id}/redo")
+@adventures.post("/{adventure_id}/redo", response=responses({200: AdventureDetail}, 404, 409))
 def adventure_redo(request, adventure_id: int, payload: VersionIn):
     adventure = tree.redo(adventure=my_adventure(request, adventure_id), expected_version=payload.expected_version)
     return adventure_out(my_adventure(request, adventure.pk), full=True)
 
 
-@adventures.get("/{adventure_id}/branches")
+@adventures.get("/{adventure_id}/branches", response=responses({200: BranchTree}, 404))
 def adventure_branches(request, adventure_id: int):
     adventure = my_adventure(request, adventure_id)
     return {"branches": tree.branch_tree(adventure), "head": adventure.head_id, "version": adventure.version}
 
 
-@adventures.get("/{adventure_id}/context")
+@adventures.get("/{adventure_id}/context", response=responses({200: dict[str, Any]}, 404))
 def adventure_context(request, adventure_id: int):
     from checkpoints.context import context_report
 
     return context_report(my_adventure(request, adventure_id))
 
 
-@adventures.get("/{adventure_id}/memories")
+@adventures.get("/{adventure_id}/memories", response=responses({200: MemoryList}, 404))
 def memory_list(request, adventure_id: int):
     adventure = my_adventure(request, adventure_id)
     return {"memories": [memory_out(m) for m in paths.memories_on_path(adventure.head)]}
 
 
-@adventures.post("/{adventure_id}/memories", response={201: dict})
+@adventures.post("/{adventure_id}/memories", response=responses({201: MemoryOut}, 404))
 def memory_create(request, adventure_id: int, payload: MemoryIn):
     memory = tree.memory_add(
         adventure=my_adventure(request, adventure_id), text=payload.text.strip(), pinned=payload.pinned
@@ -427,13 +611,13 @@ def memory_create(request, adventure_id: int, payload: MemoryIn):
     return Status(201, memory_out(memory))
 
 
-@adventures.get("/{adventure_id}/world-entries")
+@adventures.get("/{adventure_id}/world-entries", response=responses({200: EntryList}, 404))
 def world_entry_list(request, adventure_id: int):
     adventure = my_adventure(request, adventure_id)
     return {"world_entries": [entry_out(e) for e in adventure.world_entries.all()]}
 
 
-@adventures.post("/{adventure_id}/world-entries", response={201: dict})
+@adventures.post("/{adventure_id}/world-entries", response=responses({201: EntryOut}, 404))
 def world_entry_create(request, adventure_id: int, payload: WorldEntryIn):
     adventure = my_adventure(request, adventure_id)
     entry = WorldEntry.objects.create(adventure=adventure, **_clean_entry(payload.dict()))
@@ -454,17 +638,17 @@ def _clean_entry(data: dict[str, Any]) -> dict[str, Any]:
 jobs = Router(tags=["jobs"])
 
 
-@jobs.get("/{job_id}")
+@jobs.get("/{job_id}", response=responses({200: JobOut}, 404))
 def job_detail(request, job_id: int):
     return job_out(turns.job_refresh(my_job(request, job_id)))
 
 
-@jobs.post("/{job_id}/cancel")
+@jobs.post("/{job_id}/cancel", response=responses({200: JobOut}, 404))
 def job_cancel(request, job_id: int):
     return job_out(turns.job_cancel(my_job(request, job_id)))
 
 
-@jobs.post("/{job_id}/retry", response={202: dict, 409: ErrorOut, 503: ErrorOut})
+@jobs.post("/{job_id}/retry", response=responses({202: JobOut}, 404, 409, 503))
 def job_retry(request, job_id: int):
     return Status(202, job_out(turns.job_retry(my_job(request, job_id))))
 
@@ -472,20 +656,20 @@ def job_retry(request, job_id: int):
 branches = Router(tags=["branches"])
 
 
-@branches.post("/{branch_id}/switch")
+@branches.post("/{branch_id}/switch", response=responses({200: AdventureDetail}, 404, 409))
 def branch_switch(request, branch_id: int, payload: VersionIn):
     branch = my_branch(request, branch_id)
     adventure = tree.branch_switch(adventure=branch.adventure, branch=branch, expected_version=payload.expected_version)
     return adventure_out(my_adventure(request, adventure.pk), full=True)
 
 
-@branches.patch("/{branch_id}")
+@branches.patch("/{branch_id}", response=responses({200: BranchRenamed}, 404))
 def branch_rename(request, branch_id: int, payload: BranchPatch):
     branch = tree.branch_rename(branch=my_branch(request, branch_id), name=payload.name)
     return {"id": branch.pk, "name": branch.name, "label": tree.branch_label(branch)}
 
 
-@branches.delete("/{branch_id}")
+@branches.delete("/{branch_id}", response=responses({200: BranchDeleted}, 404, 409))
 def branch_delete(request, branch_id: int):
     branch = my_branch(request, branch_id)
     report = tree.branch_delete(adventure=branch.adventure, branch=branch)
@@ -495,21 +679,21 @@ def branch_delete(request, branch_id: int):
 nodes = Router(tags=["nodes"])
 
 
-@nodes.get("/{node_id}/attempts")
+@nodes.get("/{node_id}/attempts", response=responses({200: AttemptsOut}, 404))
 def node_attempts(request, node_id: int):
     node = my_node(request, node_id)
     attempts = tree.attempts_at(node)
     return {"attempts": [node_out(a) for a in attempts], "tip": tree.is_tip(node)}
 
 
-@nodes.post("/{node_id}/switch")
+@nodes.post("/{node_id}/switch", response=responses({200: AdventureDetail}, 404, 409))
 def node_switch(request, node_id: int, payload: VersionIn):
     node = my_node(request, node_id)
     adventure = tree.attempt_switch(adventure=node.adventure, node=node, expected_version=payload.expected_version)
     return adventure_out(my_adventure(request, adventure.pk), full=True)
 
 
-@nodes.post("/{node_id}/fork")
+@nodes.post("/{node_id}/fork", response=responses({200: ForkOut}, 404, 409))
 def node_fork(request, node_id: int, payload: VersionIn):
     node = my_node(request, node_id)
     branch = tree.fork_from(adventure=node.adventure, node=node, expected_version=payload.expected_version)
@@ -524,13 +708,13 @@ def my_memory(request, memory_id: int) -> Memory:
     return get_object_or_404(Memory, pk=memory_id, adventure__owner=request.user)
 
 
-@memories.patch("/{memory_id}")
+@memories.patch("/{memory_id}", response=responses({200: MemoryOut}, 404))
 def memory_update(request, memory_id: int, payload: MemoryPatch):
     memory = tree.memory_update(memory=my_memory(request, memory_id), text=payload.text, pinned=payload.pinned)
     return memory_out(memory)
 
 
-@memories.delete("/{memory_id}", response={204: None})
+@memories.delete("/{memory_id}", response=responses({204: None}, 404))
 def memory_delete(request, memory_id: int):
     tree.memory_delete(memory=my_memory(request, memory_id))
     return Status(204, None)
@@ -543,7 +727,7 @@ def my_entry(request, entry_id: int) -> WorldEntry:
     return get_object_or_404(WorldEntry, pk=entry_id, adventure__owner=request.user)
 
 
-@world_entries.patch("/{entry_id}")
+@world_entries.patch("/{entry_id}", response=responses({200: EntryOut}, 404))
 def world_entry_update(request, entry_id: int, payload: WorldEntryPatch):
     entry = my_entry(request, entry_id)
     changes = _clean_entry(payload.dict())
@@ -553,7 +737,7 @@ def world_entry_update(request, entry_id: int, payload: WorldEntryPatch):
     return entry_out(entry)
 
 
-@world_entries.delete("/{entry_id}", response={204: None})
+@world_entries.delete("/{entry_id}", response=responses({204: None}, 404))
 def world_entry_delete(request, entry_id: int):
     my_entry(request, entry_id).delete()
     return Status(204, None)
@@ -567,7 +751,7 @@ api.add_router("/memories", memories)
 api.add_router("/world-entries", world_entries)
 
 
-@api.get("/profiles", tags=["profiles"])
+@api.get("/profiles", tags=["profiles"], response=responses({200: ProfileList}))
 def profile_list(request):
     out = []
     for profile in ModelProfile.objects.all():

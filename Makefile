@@ -47,5 +47,10 @@ bench: venv system-run
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) bench/run_all.py
 
+# PNGs of the player's pages (desktop and a 390 px phone) and the admin, from a throwaway
+# database, redis-server and web server; written to var/screenshots/.
+screenshots: venv system-test
+	$(PY) bin/screenshots
+
 clean:
 	rm -rf $(VENV) var

@@ -44,7 +44,7 @@ from django.utils import timezone
 from stories import paths
 from stories.llm.tools import SUBMIT_TURN_PLAN
 from stories.models import Adventure, Node, TurnJob
-from stories.tree import _text_bytes as text_bytes
+from stories.tree import text_bytes
 
 from . import store
 from .budget import ContextError

@@ -85,10 +85,10 @@ def count_of(model, field: str = "adventure") -> Subquery:
 
 def stored_bytes_of(model, field: str = "adventure") -> Coalesce:
     """Correlated sum of the stored size of `model`'s text and JSON columns for the outer row."""
-    from .tree import _Octets  # the tree module's measure of stored bytes (used by its deletion reports)
+    from .tree import Octets  # the one measure of stored bytes (deletion reports use it too)
 
     columns = [f.name for f in model._meta.concrete_fields if isinstance(f, CharField | TextField | JSONField)]
-    size = sum((Coalesce(_Octets(name), Value(0)) for name in columns[1:]), Coalesce(_Octets(columns[0]), Value(0)))
+    size = sum((Coalesce(Octets(name), Value(0)) for name in columns[1:]), Coalesce(Octets(columns[0]), Value(0)))
     rows = model.objects.filter(**{field: OuterRef("pk")}).order_by().values(field).annotate(b=Sum(size)).values("b")
     return Coalesce(Subquery(rows, output_field=IntegerField()), Value(0))
 

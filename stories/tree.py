@@ -430,7 +430,7 @@ def branch_rename(*, branch: Branch, name: str | None) -> Branch:
 # --- Deletion -------------------------------------------------------------------------------
 
 
-class _Octets(Func):
+class Octets(Func):
     """Stored size of a text or JSON column in bytes."""
 
     function = "LENGTH"
@@ -443,11 +443,11 @@ class _Octets(Func):
         return self.as_sql(compiler, connection, template="OCTET_LENGTH(CAST(%(expressions)s AS TEXT))", **extra)
 
 
-def _text_bytes(queryset: QuerySet) -> int:
+def text_bytes(queryset: QuerySet) -> int:
     columns = [f.name for f in queryset.model._meta.concrete_fields if isinstance(f, CharField | TextField | JSONField)]
     if not columns:
         return 0
-    sums = queryset.aggregate(**{f"b_{name}": Sum(_Octets(name)) for name in columns})
+    sums = queryset.aggregate(**{f"b_{name}": Sum(Octets(name)) for name in columns})
     return sum(value or 0 for value in sums.values())
 
 
@@ -476,7 +476,7 @@ class DeletionReport:
 
 def _measured_delete(queryset: QuerySet, measured: dict[str, QuerySet], *, dry_run: bool) -> DeletionReport:
     report = DeletionReport(dry_run=dry_run)
-    report.bytes = {label: _text_bytes(qs) for label, qs in measured.items()}
+    report.bytes = {label: text_bytes(qs) for label, qs in measured.items()}
     # The delete runs either way, so the row counts are Django's own cascade; a dry run undoes it.
     savepoint = transaction.savepoint_create()
     _total, per_model = queryset.delete()

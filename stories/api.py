@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -79,6 +81,12 @@ def _validation_error(request, exc: ValidationError):
         where = ".".join(str(part) for part in err.get("loc", []) if part not in ("body", "payload"))
         faults.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     return error_response(request, 400, "invalid", "; ".join(faults) or "The request is not valid.")
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return error_response(request, 413, "too_large", f"The request body is over the {limit:,}-byte limit.")
 
 
 @api.exception_handler(AuthenticationError)

@@ -139,19 +139,38 @@ def median(values: Sequence[float]) -> float:
 
 
 def interleaved(
-    runners: dict[str, Callable[[], Any]], *, repeat: int, warmup: int = 1, seed: int = 0
+    runners: dict[str, Callable[[], Any]],
+    *,
+    repeat: int,
+    warmup: int = 1,
+    seed: int = 0,
+    limit: dict[str, int] | None = None,
 ) -> dict[str, list[float]]:
     """Time each runner `warmup + repeat` times, round-robin in a shuffled order each round,
-    so machine noise lands on every contender alike. Returns the timed runs (seconds)."""
+    so machine noise lands on every contender alike. `limit` caps the timed runs of a slow
+    runner (it simply sits out the later rounds). Returns the timed runs (seconds)."""
+    limit = limit or {}
+    import gc
+
     rng = random.Random(seed)
     times: dict[str, list[float]] = {name: [] for name in runners}
     names = list(runners)
+    gc.collect()
     for round_ in range(warmup + repeat):
         rng.shuffle(names)
+        # The collector runs between calls, never inside one (as timeit does): a collection
+        # triggered by one contender's garbage would otherwise land on whoever runs next.
+        # (No full collection per round: it leaves the caches cold for the next call.)
         for name in names:
-            start = time.perf_counter()
-            runners[name]()
-            elapsed = time.perf_counter() - start
+            if round_ >= warmup + limit.get(name, repeat):
+                continue
+            gc.disable()
+            try:
+                start = time.perf_counter()
+                runners[name]()
+                elapsed = time.perf_counter() - start
+            finally:
+                gc.enable()
             if round_ >= warmup:
                 times[name].append(elapsed)
     return times

@@ -369,6 +369,8 @@ def main() -> None:
          f"{fmt_ms(percentile(stats.turn_seconds, 0.5))} / {fmt_ms(percentile(stats.turn_seconds, 0.95))}"],
         ["request latency, all requests, p50 / p95",
          f"**{fmt_ms(percentile(all_latency, 0.5))} / {fmt_ms(percentile(all_latency, 0.95))}**"],
+        ["requests in flight on average (Little's law: rate × mean latency)",
+         f"{stats.requests / elapsed * (sum(all_latency) / max(len(all_latency), 1)):.1f}"],
         ["HTTP statuses", statuses],
         ["409s", f"{stats.status.get(409, 0):,}"],
         ["429s", f"{stats.status.get(429, 0):,}"],

@@ -220,8 +220,12 @@ def _summary_cap(adventure: Adventure) -> int | None:
 
 def candidates(adventure: Adventure) -> QuerySet[ContextCheckpoint]:
     """Rows that may serve a path of `adventure`: hosted on a live node (a checkpoint on a
-    non-live attempt shares its coordinate with the live one, but is not on any path)."""
-    return ContextCheckpoint.objects.filter(adventure=adventure, host_node__live=True).select_related(*RELATED)
+    non-live attempt shares its coordinate with the live one, but is not on any path).
+
+    No `adventure=` filter: the path clause names this adventure's branches already, and
+    with that filter SQLite picks the adventure index and scans every checkpoint of the
+    story instead of probing (branch, depth) per lineage entry."""
+    return ContextCheckpoint.objects.filter(host_node__live=True).select_related(*RELATED)
 
 
 def nearest_usable(

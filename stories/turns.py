@@ -571,7 +571,7 @@ def _generate(job: TurnJob, lock: HeldLock) -> None:
         # Completing the job is part of the same transaction; a cancel that landed first wins.
         done = TurnJob.objects.filter(pk=job.pk, status=TurnJob.Status.RUNNING, cancel_requested=False).update(
             status=TurnJob.Status.DONE, stage=TurnJob.Stage.FINISHED, result_node=node, finished_at=timezone.now(),
-            partial_text=content["narration"],
+            partial_text="",  # the node holds the narration now; the job log need not keep a copy
         )  # fmt: skip
         if not done:
             raise JobCancelled

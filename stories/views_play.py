@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from functools import reduce
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -75,7 +76,7 @@ def _fresh(adventure: Adventure) -> Adventure:
 
 def _play_url(adventure: Adventure, **params: Any) -> str:
     url = reverse("play", args=[adventure.pk])
-    query = "&".join(f"{key}={value}" for key, value in params.items() if value is not None)
+    query = urlencode({key: value for key, value in params.items() if value is not None})
     return f"{url}?{query}" if query else url
 
 
@@ -105,15 +106,16 @@ def _annotate_nodes(nodes: list[Node], head: Node) -> None:
         node.editable = node.kind in EDITABLE_KINDS
 
 
-def _rail(adventure: Adventure, head: Node) -> list[tuple[str, dict | None]]:
+def _rail(adventure: Adventure) -> list[tuple[str, dict | None]]:
     """The branch tree from lineage as a flat run of tokens the template turns into nested
     lists (iterative, so a chain of a thousand forks cannot exhaust the recursion limit)."""
     rows = tree.branch_tree(adventure)
-    protected = {entry[0] for entry in head.branch.lineage}
     ids = {row["id"] for row in rows}
     children: dict[int | None, list[dict]] = defaultdict(list)
     for row in rows:
-        row["deletable"] = row["id"] not in protected
+        # tree.branch_delete refuses the head's branch and every branch it borrows from:
+        # exactly the branches on the head's path, so those offer no delete.
+        row["deletable"] = not row["on_head_path"]
         row["switchable"] = not row["current"] and row["tip_depth"] is not None
         children[row["parent"] if row["parent"] in ids else None].append(row)
     tokens: list[tuple[str, dict | None]] = [("open", None)]
@@ -231,6 +233,9 @@ def _play_context(
 ) -> dict[str, Any]:
     adventure = _fresh(adventure)
     head = adventure.head
+    if job is None:
+        # A redraw after any head move keeps showing (and polling) a turn still being written.
+        job = _active_job(adventure)
     window = paths.page(head, WINDOW, before.depth if before is not None else None)
     nodes = window.nodes
     _annotate_nodes(nodes, head)
@@ -251,7 +256,7 @@ def _play_context(
         "stale": stale,
         "can_undo": head.depth > 0,
         "can_redo": adventure.redo_tip_id is not None,
-        "rail": _rail(adventure, head),
+        "rail": _rail(adventure),
         "state": player_projection(tree.current_state(adventure)),
         "memories": paths.memories_on_path(head).order_by("-pinned", "-depth", "-id"),
         "world_entries": adventure.world_entries.all(),
@@ -466,59 +471,58 @@ def node_edit(request: HttpRequest, adventure_id: int, node_id: int) -> HttpResp
 # --- Moving the head ----------------------------------------------------------------------------
 
 
-def _head_move(request: HttpRequest, adventure_id: int, move: Callable[[Adventure, int], Any]) -> HttpResponse:
-    adventure = _adventure(request, adventure_id)
+def _head_move(request: HttpRequest, adventure: Adventure, move: Callable[[int], Any]) -> HttpResponse:
+    """Parse the version, move the head with it, answer with the new state or the refusal.
+    Callers look their objects up first: someone else's object is a 404 whatever the form says."""
     expected, refused = _version(request, adventure)
     if refused is not None:
         return refused
-    refused = _tree_call(request, adventure, lambda: move(adventure, expected))
+    refused = _tree_call(request, adventure, lambda: move(expected))
     return refused or _moved(request, adventure)
 
 
 @login_required
 @require_POST
 def play_undo(request: HttpRequest, adventure_id: int) -> HttpResponse:
-    return _head_move(request, adventure_id, lambda a, v: tree.undo(adventure=a, expected_version=v))
+    adventure = _adventure(request, adventure_id)
+    return _head_move(request, adventure, lambda v: tree.undo(adventure=adventure, expected_version=v))
 
 
 @login_required
 @require_POST
 def play_redo(request: HttpRequest, adventure_id: int) -> HttpResponse:
-    return _head_move(request, adventure_id, lambda a, v: tree.redo(adventure=a, expected_version=v))
+    adventure = _adventure(request, adventure_id)
+    return _head_move(request, adventure, lambda v: tree.redo(adventure=adventure, expected_version=v))
 
 
 @login_required
 @require_POST
 def node_switch(request: HttpRequest, adventure_id: int, node_id: int) -> HttpResponse:
     """Choose another attempt at the tip (the attempt pager)."""
-
-    def move(adventure: Adventure, version: int) -> None:
-        node = get_object_or_404(Node, pk=node_id, adventure=adventure)
-        tree.attempt_switch(adventure=adventure, node=node, expected_version=version)
-
-    return _head_move(request, adventure_id, move)
+    adventure = _adventure(request, adventure_id)
+    node = get_object_or_404(Node, pk=node_id, adventure=adventure)
+    return _head_move(
+        request, adventure, lambda v: tree.attempt_switch(adventure=adventure, node=node, expected_version=v)
+    )
 
 
 @login_required
 @require_POST
 def node_fork(request: HttpRequest, adventure_id: int, node_id: int) -> HttpResponse:
     """Give an attempt the story does not tell a branch of its own, and stand on it."""
-
-    def move(adventure: Adventure, version: int) -> None:
-        node = get_object_or_404(Node, pk=node_id, adventure=adventure)
-        tree.fork_from(adventure=adventure, node=node, expected_version=version)
-
-    return _head_move(request, adventure_id, move)
+    adventure = _adventure(request, adventure_id)
+    node = get_object_or_404(Node, pk=node_id, adventure=adventure)
+    return _head_move(request, adventure, lambda v: tree.fork_from(adventure=adventure, node=node, expected_version=v))
 
 
 @login_required
 @require_POST
 def branch_switch(request: HttpRequest, adventure_id: int, branch_id: int) -> HttpResponse:
-    def move(adventure: Adventure, version: int) -> None:
-        branch = get_object_or_404(Branch, pk=branch_id, adventure=adventure)
-        tree.branch_switch(adventure=adventure, branch=branch, expected_version=version)
-
-    return _head_move(request, adventure_id, move)
+    adventure = _adventure(request, adventure_id)
+    branch = get_object_or_404(Branch, pk=branch_id, adventure=adventure)
+    return _head_move(
+        request, adventure, lambda v: tree.branch_switch(adventure=adventure, branch=branch, expected_version=v)
+    )
 
 
 # --- Branches: rename, delete -------------------------------------------------------------------
@@ -528,7 +532,7 @@ def _rail_response(request: HttpRequest, adventure: Adventure) -> HttpResponse:
     if not request.htmx:
         return redirect(_play_url(adventure) + "#rail")
     adventure = _fresh(adventure)
-    context = {"adventure": adventure, "rail": _rail(adventure, adventure.head)}
+    context = {"adventure": adventure, "rail": _rail(adventure)}
     response = render(request, f"{TEMPLATE}#rail", context)
     return reswap(retarget(response, "#rail"), "outerHTML")
 

@@ -67,7 +67,7 @@ def plain_node(adventure: Adventure, text: str, **extra) -> dict:
 
 @pytest.mark.worker
 def test_three_turns_stream_in_before_the_commit_replaces_them(player, live_server, user, start_worker):
-    start_worker(STORYTREE_BUILTIN_CHUNK_DELAY_MS="150")
+    start_worker(STORYTREE_BUILTIN_CHUNK_DELAY_MS="200")
     adventure = tree.adventure_create(
         owner=user, title="Harbour", premise="Fog over the harbour.", persona="Ilsa, a navigator with a steady hand."
     )
@@ -293,7 +293,9 @@ def test_cancel_a_turn_while_it_streams_then_retry_it(player, live_server, user,
     start_worker(STORYTREE_BUILTIN_CHUNK_DELAY_MS="250")
     adventure = tree.adventure_create(owner=user, title="Slow", premise="A long road.", persona="A patient walker.")
     player.goto(play_url(live_server, adventure))
-    send(player, "I walk on")
+    # A long action makes a long narration (a dozen streamed pieces, 250 ms apart): time to cancel.
+    action = "I walk on slowly along the old road, counting the milestones one by one"
+    send(player, action)
     player.wait_for_function(
         "() => { const s = document.querySelector('#job-progress .streamed'); return s && s.textContent.trim(); }",
         timeout=10_000,
@@ -305,7 +307,7 @@ def test_cancel_a_turn_while_it_streams_then_retry_it(player, live_server, user,
 
     player.locator("#job-retry").click()
     expect(node(player, 1)).to_be_visible(timeout=15_000)
-    expect(node(player, 1).locator(".input-text")).to_have_text("I walk on")
+    expect(node(player, 1).locator(".input-text")).to_have_text(action)
 
 
 def test_edit_an_input_regenerate_and_the_side_panels(player, live_server, user, redis_url):

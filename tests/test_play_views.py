@@ -417,3 +417,18 @@ def test_user_text_is_escaped_everywhere(client_alice, user):
         body = client_alice.get(url).content.decode()
         assert "<script>alert" not in body, url
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body, url
+
+
+def test_a_head_move_while_a_turn_is_written_keeps_showing_the_turn(scene, client_alice):
+    job = TurnJob.objects.create(
+        adventure=scene.adventure, kind="do", player_input="Sing", status=TurnJob.Status.RUNNING,
+        stage=TurnJob.Stage.NARRATING, expected_version=scene.adventure.version,
+    )  # fmt: skip
+    response = client_alice.post(
+        reverse("play_undo", args=[scene.adventure.pk]), {"expected_version": scene.adventure.version}, headers=HTMX
+    )
+    body = response.content.decode()
+    assert response["HX-Retarget"] == "#play"
+    assert reverse("play_job", args=[scene.adventure.pk, job.pk]) in body
+    assert 'hx-trigger="every 400ms"' in body
+    assert 'id="send" disabled' in body

@@ -513,9 +513,11 @@ def _generate(job: TurnJob, lock: HeldLock) -> None:
     progress.stage(TurnJob.Stage.NARRATING, partial_text="")
     client = client_for(profile)
     _, _, max_output = effective_limits(profile)
+    # One sampling seed per job: a retry is a new job, so even a deterministic narrator
+    # (the offline one) writes a different attempt.
     result = client.chat(
         messages=prepared.messages, tools=tools, max_output_tokens=max_output,
-        cancel=progress.cancelled, on_text=progress.on_text,
+        cancel=progress.cancelled, on_text=progress.on_text, seed=job.pk,
     )  # fmt: skip
     call = result.tool_calls[0]
     checks: list[dict] = []
@@ -527,7 +529,7 @@ def _generate(job: TurnJob, lock: HeldLock) -> None:
         prompt_bytes = max(prompt_bytes, ctx.request_bytes(messages))
         result = client.chat(
             messages=messages, tools=[SUBMIT_TURN_PLAN], max_output_tokens=max_output,
-            cancel=progress.cancelled, on_text=progress.on_text,
+            cancel=progress.cancelled, on_text=progress.on_text, seed=job.pk,
         )  # fmt: skip
         call = result.tool_calls[0]
     if call.name != SUBMIT_TURN_PLAN.name:

@@ -206,3 +206,13 @@ def test_turn_requests_answer_503_when_the_queue_is_down(api, adventure, setting
     assert "not answering" in response.json()["error"]["message"]
     assert Node.objects.filter(adventure=adventure).count() == 1
     assert TurnJob.objects.get(adventure=adventure).status == "failed"
+
+
+def test_retry_with_the_offline_narrator_writes_a_different_attempt(api, adventure):
+    assert play(api, adventure, text="I look around the inn.").status_code == 202
+    tip = Adventure.objects.get(pk=adventure.pk).head
+    for _ in range(2):
+        assert play(api, adventure, kind="retry", text="").status_code == 202
+    attempts = api.get(f"/api/v1/nodes/{tip.pk}/attempts").json()["attempts"]
+    assert len(attempts) == 3
+    assert len({a["narration"] for a in attempts}) > 1

@@ -19,7 +19,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer, SessionAuth
 from pydantic import Field
 
-from . import bundles, paths, throttle, tree, turns
+from . import bundles, paths, throttle, tree, turns, worldbook
 from .llm.base import effective_limits, profile_label
 from .models import Adventure, ApiToken, Branch, Memory, ModelProfile, Node, TurnJob, WorldEntry
 from .state import player_projection
@@ -628,17 +628,23 @@ def world_entry_list(request, adventure_id: int):
 @adventures.post("/{adventure_id}/world-entries", response=responses({201: EntryOut}, 404))
 def world_entry_create(request, adventure_id: int, payload: WorldEntryIn):
     adventure = my_adventure(request, adventure_id)
-    entry = WorldEntry.objects.create(adventure=adventure, **_clean_entry(payload.dict()))
+    changes = _clean_entry(payload.dict(), current=WorldEntry(adventure=adventure))
+    entry = WorldEntry.objects.create(adventure=adventure, **changes)
     return Status(201, entry_out(entry))
 
 
-def _clean_entry(data: dict[str, Any]) -> dict[str, Any]:
-    if "keys" in data and data["keys"] is not None:
-        keys = [k.strip() for k in data["keys"] if k and k.strip()]
-        if any(len(k) > 100 for k in keys):
-            raise ApiError(400, "invalid", "keys: each key can be at most 100 characters.")
-        data["keys"] = keys
-    return {k: v for k, v in data.items() if v is not None}
+def _clean_entry(data: dict[str, Any], *, current: WorldEntry) -> dict[str, Any]:
+    """The fields given, checked by the world book's rules against the entry they change."""
+    changes = {k: v for k, v in data.items() if v is not None}
+    try:
+        if "keys" in changes:
+            changes["keys"] = worldbook.clean_keys(changes["keys"])
+        worldbook.check_entry(
+            keys=changes.get("keys", current.keys or []), always_on=changes.get("always_on", current.always_on)
+        )
+    except worldbook.InvalidEntry as exc:
+        raise ApiError(400, "invalid", f"keys: {exc}") from exc
+    return changes
 
 
 # --- Jobs, branches, nodes, memories, world entries -------------------------------------------
@@ -738,7 +744,7 @@ def my_entry(request, entry_id: int) -> WorldEntry:
 @world_entries.patch("/{entry_id}", response=responses({200: EntryOut}, 404))
 def world_entry_update(request, entry_id: int, payload: WorldEntryPatch):
     entry = my_entry(request, entry_id)
-    changes = _clean_entry(payload.dict())
+    changes = _clean_entry(payload.dict(), current=entry)
     for field, value in changes.items():
         setattr(entry, field, value)
     entry.save(update_fields=[*changes.keys(), "updated_at"])

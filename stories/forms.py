@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django import forms
 
+from . import worldbook
 from .llm.base import profile_label
 from .models import Adventure, ModelProfile, WorldEntry
 
@@ -123,12 +124,10 @@ class WorldEntryForm(forms.ModelForm):
             self.initial["keys"] = ", ".join(self.instance.keys or [])
 
     def clean_keys(self) -> list[str]:
-        keys = [key.strip() for key in (self.cleaned_data.get("keys") or "").split(",") if key.strip()]
-        if len(keys) > 20:
-            raise forms.ValidationError("At most 20 trigger words.")
-        if any(len(key) > 100 for key in keys):
-            raise forms.ValidationError("Each trigger word can be at most 100 characters.")
-        return keys
+        try:
+            return worldbook.clean_keys((self.cleaned_data.get("keys") or "").split(","))
+        except worldbook.InvalidEntry as exc:
+            raise forms.ValidationError(str(exc)) from exc
 
     def clean_priority(self) -> int:
         priority = self.cleaned_data.get("priority")
@@ -136,8 +135,11 @@ class WorldEntryForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        if "keys" in cleaned and not cleaned["keys"] and not cleaned.get("always_on"):
-            raise forms.ValidationError("Give at least one trigger word, or mark the entry always on.")
+        if "keys" in cleaned:
+            try:
+                worldbook.check_entry(keys=cleaned["keys"], always_on=bool(cleaned.get("always_on")))
+            except worldbook.InvalidEntry as exc:
+                raise forms.ValidationError(str(exc)) from exc
         return cleaned
 
 

@@ -54,3 +54,27 @@ def relevant_memories(memories: Iterable[Memory], *, input_text: str, limit: int
             scored.append((overlap, memory.depth, memory.pk, memory))
     scored.sort(key=lambda item: (-item[0], -item[1], -item[2]))
     return (pinned + [item[3] for item in scored])[: max(limit, len(pinned))]
+
+
+# --- The rules for a world entry's trigger words (the page form and the API both use them) ---
+
+MAX_KEYS = 20
+MAX_KEY_CHARS = 100
+
+
+class InvalidEntry(ValueError):
+    """A world entry the player must fix; the message says how."""
+
+
+def clean_keys(keys: Iterable[str]) -> list[str]:
+    cleaned = [str(key).strip() for key in keys if str(key).strip()]
+    if len(cleaned) > MAX_KEYS:
+        raise InvalidEntry(f"At most {MAX_KEYS} trigger words.")
+    if any(len(key) > MAX_KEY_CHARS for key in cleaned):
+        raise InvalidEntry(f"Each trigger word can be at most {MAX_KEY_CHARS} characters.")
+    return cleaned
+
+
+def check_entry(*, keys: list[str], always_on: bool) -> None:
+    if not keys and not always_on:
+        raise InvalidEntry("Give at least one trigger word, or mark the entry always on.")

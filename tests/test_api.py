@@ -156,6 +156,11 @@ def test_memories_and_world_entries_round_trip(api, adventure):
     entry_id = created.json()["id"]
     assert api.patch(f"/api/v1/world-entries/{entry_id}", {"enabled": False}).json()["enabled"] is False
     assert api.post(url, {"keys": ["a"], "content": "x", "priority": 10_000}).status_code == 400
+    # The world book's own rule: an entry needs a trigger word unless it is always on.
+    refused = api.post(url, {"keys": [" "], "content": "Never triggers."})
+    assert refused.status_code == 400
+    assert "always on" in refused.json()["error"]["message"]
+    assert api.post(url, {"keys": [], "content": "Always there.", "always_on": True}).status_code == 201
     assert api.delete(f"/api/v1/world-entries/{entry_id}").status_code == 204
 
 

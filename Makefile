@@ -26,13 +26,16 @@ run: venv system-run
 	$(PY) manage.py seed_demo
 	$(VENV)/bin/honcho start -f Procfile
 
+# Two pytest processes (pytest-xdist): each has its own test database, Redis and workers.
+PYTEST_WORKERS ?= 2
+
 test: venv system-test
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 # The same suite against a private PostgreSQL server started for the run.
 test-postgres: venv system-test
 	@bin/ensure-system-packages pg_ctlcluster:postgresql
-	bin/with-postgres $(PY) -m pytest
+	bin/with-postgres $(PY) -m pytest -n $(PYTEST_WORKERS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -179,6 +179,29 @@ def _window(path: Path, low: int, high: int) -> QuerySet[Node]:
     )
 
 
+def _window_newest_first(entries: list[Entry], low: int, high: int) -> list[Node]:
+    """`_window(...).order_by("-depth")` as one hand-written statement.
+
+    This is the hottest read in the product (every page, every turn). The ORM spends
+    longer building and compiling the OR clause than SQLite spends running it, so the
+    same SQL is written here directly; the selection is the one `_window` makes."""
+    if not entries:
+        return []
+    terms, params = [], []
+    for branch_id, cap in entries:
+        if cap is None:
+            terms.append("branch_id = %s")
+            params.append(branch_id)
+        else:
+            terms.append("(branch_id = %s AND depth <= %s)")
+            params += [branch_id, cap]
+    sql = (
+        f"SELECT * FROM {Node._meta.db_table} WHERE live = %s AND depth >= %s AND depth <= %s "
+        f"AND ({' OR '.join(terms)}) ORDER BY depth DESC"
+    )
+    return list(Node.objects.raw(sql, [True, low, high, *params]))
+
+
 def newest(head: Node, k: int, before_depth: int | None = None) -> list[Node]:
     """The newest `k` live nodes of head's path (depth < before_depth when given), ascending.
 
@@ -192,7 +215,11 @@ def newest(head: Node, k: int, before_depth: int | None = None) -> list[Node]:
     if k <= 0 or high < 0:
         return []
     low = max(0, high - k + 1)
-    nodes = list(_window(path, low, high).order_by("-depth"))
+    entries = path.entries_between(low, high)
+    if len(entries) <= OR_CLAUSE_LIMIT:
+        nodes = _window_newest_first(entries, low, high)
+    else:
+        nodes = list(_window(path, low, high).order_by("-depth"))
     if len(nodes) < high - low + 1:
         # Not covered: read the newest k below `high` over every entry.
         nodes = list(Node.objects.filter(path.clause(), live=True, depth__lte=high).order_by("-depth", "-id")[:k])

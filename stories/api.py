@@ -121,8 +121,7 @@ def _stale(request, exc):
 
 @api.exception_handler(tree.TreeError)
 def _tree_error(request, exc: tree.TreeError):
-    status = 409 if getattr(exc, "conflict", True) else 400
-    return error_response(request, status, getattr(exc, "code", "refused"), str(exc))
+    return error_response(request, exc.http_status, exc.code, str(exc))
 
 
 # --- Lookups scoped to the caller (another player's object is a 404) ------------------------
@@ -704,6 +703,14 @@ def node_attempts(request, node_id: int):
 def node_switch(request, node_id: int, payload: VersionIn):
     node = my_node(request, node_id)
     adventure = tree.attempt_switch(adventure=node.adventure, node=node, expected_version=payload.expected_version)
+    return adventure_out(my_adventure(request, adventure.pk), full=True)
+
+
+@nodes.post("/{node_id}/rewind", response=responses({200: AdventureDetail}, 400, 404, 409))
+def node_rewind(request, node_id: int, payload: VersionIn):
+    """Continue from here: stand on an earlier turn of the story; the next turn starts a new line."""
+    node = my_node(request, node_id)
+    adventure = tree.rewind_to(adventure=node.adventure, node=node, expected_version=payload.expected_version)
     return adventure_out(my_adventure(request, adventure.pk), full=True)
 
 

@@ -788,6 +788,29 @@ def undo(*, adventure: Adventure, expected_version: int | None) -> Adventure:
 
 
 @transaction.atomic
+def rewind_to(*, adventure: Adventure, node: Node, expected_version: int | None) -> Adventure:
+    """Stand on an earlier turn of the story being read ("continue from here"): undo as many
+    steps as it takes, in one move. The next turn played from there starts a new line (by the
+    placement rule of `node_append`); redo still walks forward along the line left."""
+    locked = _lock(adventure)
+    _check_version(locked, expected_version)
+    head = _head(locked)
+    if node.adventure_id != locked.pk:
+        raise NotInAdventure()
+    if node.pk == head.pk:
+        raise AlreadyTheStory("You are already at this turn.")
+    if node.depth > head.depth or not paths.on_path(head, node):
+        raise InvalidInput("You can only go back to a turn of the story you are reading.")
+    redo_tip = None
+    if locked.redo_tip_id is not None:
+        redo_tip = Node.objects.select_related("branch").filter(pk=locked.redo_tip_id).first()
+    if redo_tip is None or not paths.on_path(redo_tip, head):
+        redo_tip = head
+    _move_head(adventure, locked, node, redo_tip=redo_tip)
+    return adventure
+
+
+@transaction.atomic
 def redo(*, adventure: Adventure, expected_version: int | None) -> Adventure:
     """Move the head one node forward along the path undo came back from."""
     locked = _lock(adventure)

@@ -28,6 +28,7 @@ urlpatterns = [
     path(f"{ADVENTURE}redo/", views_play.play_redo, name="play_redo"),
     path(f"{ADVENTURE}nodes/<int:node_id>/switch/", views_play.node_switch, name="node_switch"),
     path(f"{ADVENTURE}nodes/<int:node_id>/fork/", views_play.node_fork, name="node_fork"),
+    path(f"{ADVENTURE}nodes/<int:node_id>/rewind/", views_play.node_rewind, name="node_rewind"),
     path(f"{ADVENTURE}nodes/<int:node_id>/edit/", views_play.node_edit, name="node_edit"),
     path(f"{ADVENTURE}branches/<int:branch_id>/switch/", views_play.branch_switch, name="branch_switch"),
     path(f"{ADVENTURE}branches/<int:branch_id>/rename/", views_play.branch_rename, name="branch_rename"),

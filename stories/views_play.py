@@ -517,6 +517,15 @@ def node_fork(request: HttpRequest, adventure_id: int, node_id: int) -> HttpResp
 
 @login_required
 @require_POST
+def node_rewind(request: HttpRequest, adventure_id: int, node_id: int) -> HttpResponse:
+    """Continue from an earlier turn: the head goes back there; the next turn starts a new line."""
+    adventure = _adventure(request, adventure_id)
+    node = get_object_or_404(Node, pk=node_id, adventure=adventure)
+    return _head_move(request, adventure, lambda v: tree.rewind_to(adventure=adventure, node=node, expected_version=v))
+
+
+@login_required
+@require_POST
 def branch_switch(request: HttpRequest, adventure_id: int, branch_id: int) -> HttpResponse:
     adventure = _adventure(request, adventure_id)
     branch = get_object_or_404(Branch, pk=branch_id, adventure=adventure)

@@ -82,6 +82,7 @@ def routes(s) -> list[tuple[str, str, list, dict]]:
         ("post", "play_redo", [a], v),
         ("post", "node_switch", [a, s.second.pk], v),
         ("post", "node_fork", [a, s.second.pk], v),
+        ("post", "node_rewind", [a, s.adventure.head.parent_id], v),
         ("post", "branch_switch", [a, s.side_branch.pk], v),
         ("post", "branch_rename", [a, s.side_branch.pk], {"name": "Running away"}),
         ("post", "branch_delete", [a, s.side_branch.pk], {}),

@@ -297,6 +297,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # The OpenAI SDK's HTTP client logs every model request at INFO; keep the worker log readable.
+    "loggers": {"httpx": {"level": "WARNING"}},
 }
 
 # In development the web server serves static files straight from static/.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -268,12 +269,14 @@ def _parse_arguments(spec: ToolSpec, raw: str) -> dict[str, Any]:
     return validate_arguments(spec, arguments)
 
 
-class _Reader:
-    def chunk(self, chunk: Any) -> None:
-        raise NotImplementedError
+class _Reader(ABC):
+    """Turns a stream of completion chunks into tool calls (tool calling or JSON mode)."""
 
-    def finish(self) -> list[ToolCall]:
-        raise NotImplementedError
+    @abstractmethod
+    def chunk(self, chunk: Any) -> None: ...
+
+    @abstractmethod
+    def finish(self) -> list[ToolCall]: ...
 
 
 class _ToolCallReader(_Reader):

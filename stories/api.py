@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -92,6 +92,12 @@ def _too_big(request, exc):
 @api.exception_handler(AuthenticationError)
 def _auth_error(request, exc):
     return error_response(request, 401, "unauthorized", "Sign in or send Authorization: Bearer <token>.")
+
+
+@api.exception_handler(ObjectDoesNotExist)
+def _gone(request, exc):
+    # A row another request deleted between our lookup and our write (e.g. a branch deleted in another tab).
+    return error_response(request, 404, "gone", "That no longer exists: it was deleted, perhaps in another tab.")
 
 
 @api.exception_handler(Http404)

@@ -107,6 +107,12 @@ class NotInAdventure(TreeError):
     default_message = "That belongs to another adventure."
 
 
+class Gone(TreeError):
+    code = "gone"
+    http_status = 404
+    default_message = "That no longer exists: it was deleted, perhaps in another tab."
+
+
 class InvalidInput(TreeError):
     code = "invalid"
     http_status = 400
@@ -192,7 +198,7 @@ def adventure_delete(*, adventure: Adventure) -> dict[str, int]:
 
 
 def _lock(adventure: Adventure) -> Adventure:
-    return Adventure.objects.select_for_update().get(pk=adventure.pk)
+    return _reread(Adventure.objects.select_for_update(), adventure.pk)
 
 
 def _check_version(locked: Adventure, expected_version: int | None) -> None:
@@ -204,6 +210,15 @@ def _head(locked: Adventure) -> Node:
     if locked.head_id is None:
         raise TreeError("This adventure has no opening yet.")
     return Node.objects.select_related("branch").get(pk=locked.head_id)
+
+
+def _reread(queryset: QuerySet, pk: int):
+    """Read a row again under the adventure lock; another request may have deleted it
+    between the caller's lookup and the lock."""
+    row = queryset.filter(pk=pk).first()
+    if row is None:
+        raise Gone()
+    return row
 
 
 def _own(obj: Node | Branch | Memory, adventure: Adventure) -> None:
@@ -393,7 +408,7 @@ def branch_for_sibling(*, adventure: Adventure, parent: Node) -> Branch:
     """Create (or reuse an empty) branch forked from `parent`'s branch at parent.depth + 1:
     where a new child of `parent` goes when parent's own branch already continues."""
     _own(parent, adventure)
-    parent = Node.objects.select_related("branch").get(pk=parent.pk)
+    parent = _reread(Node.objects.select_related("branch"), parent.pk)
     return _sibling_branch(adventure.pk, parent)
 
 
@@ -422,8 +437,9 @@ def branch_rename(*, branch: Branch, name: str | None) -> Branch:
             raise InvalidInput("A branch name can't be blank.")
         if len(cleaned) > BRANCH_NAME_MAX:
             raise InvalidInput(f"A branch name can be at most {BRANCH_NAME_MAX} characters.")
+    if not Branch.objects.filter(pk=branch.pk).update(name=cleaned):
+        raise Gone()
     branch.name = cleaned
-    branch.save(update_fields=["name"])
     return branch
 
 
@@ -551,7 +567,7 @@ def attempt_delete(*, adventure: Adventure, node: Node) -> DeletionReport:
     """Delete one attempt the story does not tell (never the live one)."""
     _own(node, adventure)
     _lock(adventure)
-    node = Node.objects.get(pk=node.pk)
+    node = _reread(Node.objects, node.pk)
     if node.live:
         raise AttemptIsLive()
     if Node.objects.filter(parent_id=node.pk).exists():
@@ -651,7 +667,7 @@ def attempt_add(
     _own(tip, adventure)
     locked = _lock(adventure)
     _check_version(locked, expected_version)
-    tip = Node.objects.get(pk=tip.pk)
+    tip = _reread(Node.objects, tip.pk)
     if tip.depth == 0:
         raise TreeError("The opening can't be retried.")
     content = _content(
@@ -696,7 +712,7 @@ def sibling_branch_add(
     _own(target, adventure)
     locked = _lock(adventure)
     _check_version(locked, expected_version)
-    target = Node.objects.select_related("parent__branch").get(pk=target.pk)
+    target = _reread(Node.objects.select_related("parent__branch"), target.pk)
     if target.parent is None:
         raise TreeError("The opening can't be rewritten.")
     content.setdefault("kind", target.kind)
@@ -717,7 +733,7 @@ def attempt_switch(*, adventure: Adventure, node: Node, expected_version: int | 
     Its `state_after` becomes the current state. Repeating it is a no-op."""
     _own(node, adventure)
     locked = _lock(adventure)
-    node = Node.objects.get(pk=node.pk)
+    node = _reread(Node.objects, node.pk)
     if node.live and locked.head_id == node.pk:
         return adventure
     _check_version(locked, expected_version)
@@ -745,7 +761,7 @@ def fork_from(*, adventure: Adventure, node: Node, expected_version: int | None)
     its own branch, returns that branch and changes nothing (a double click)."""
     _own(node, adventure)
     locked = _lock(adventure)
-    node = Node.objects.select_related("branch", "parent__branch").get(pk=node.pk)
+    node = _reread(Node.objects.select_related("branch", "parent__branch"), node.pk)
     if locked.head_id == node.pk and _is_own_fork(node):
         return node.branch
     _check_version(locked, expected_version)
@@ -797,6 +813,7 @@ def rewind_to(*, adventure: Adventure, node: Node, expected_version: int | None)
     head = _head(locked)
     if node.adventure_id != locked.pk:
         raise NotInAdventure()
+    node = _reread(Node.objects, node.pk)
     if node.pk == head.pk:
         raise AlreadyTheStory("You are already at this turn.")
     if node.depth > head.depth or not paths.on_path(head, node):

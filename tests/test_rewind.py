@@ -98,3 +98,24 @@ def test_rewind_over_the_api_and_the_page(story, client, user):
     response = client.post(rewind_url, {"expected_version": version})
     assert response.status_code == 302
     assert Adventure.objects.get(pk=adventure.pk).head_id == nodes[0].pk
+
+
+def test_a_row_deleted_by_another_request_is_gone_not_a_crash(story, user):
+    """Two tabs: one looked a node up, the other deleted its branch before the write."""
+    adventure, nodes = story
+    tree.rewind_to(adventure=adventure, node=nodes[1], expected_version=None)
+    side = tree.node_append(adventure=adventure, expected_version=None, **content("a side path"))
+    tree.branch_switch(adventure=adventure, branch=nodes[4].branch, expected_version=None)
+    looked_up = Node.objects.select_related("branch").get(pk=side.pk)  # the first tab's lookup
+    tree.branch_delete(adventure=adventure, branch=side.branch)  # the second tab's delete
+    for operation in (
+        lambda: tree.attempt_switch(adventure=adventure, node=looked_up, expected_version=None),
+        lambda: tree.rewind_to(adventure=adventure, node=looked_up, expected_version=None),
+        lambda: tree.sibling_branch_add(adventure=adventure, target=looked_up, expected_version=None, **content("x")),
+        lambda: tree.branch_rename(branch=looked_up.branch, name="Gone already"),
+    ):
+        with pytest.raises(tree.Gone) as refused:
+            operation()
+        assert refused.value.http_status == 404
+        assert "another tab" in refused.value.message
+    assert check_adventure(Adventure.objects.get(pk=adventure.pk)) == []

@@ -4,14 +4,13 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('stories', '0003_adventure_redo_tip'),
+        ("stories", "0003_adventure_redo_tip"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='branch',
-            options={'ordering': ['id'], 'verbose_name_plural': 'branches'},
+            name="branch",
+            options={"ordering": ["id"], "verbose_name_plural": "branches"},
         ),
     ]

@@ -63,3 +63,9 @@ def test_it_shows_each_profile_with_its_label_limits_and_assumed_warning(client_
     assert rows["Local llama"]["window_assumed"] is False
     assert html.count("assumed, not known") == 1
     assert "LLAMA_SECRET_VAR" not in html  # players have no business with operator config
+
+
+@pytest.mark.django_db
+def test_every_signed_in_page_links_the_model_profiles(client, user):
+    client.force_login(user)
+    assert 'href="/profiles/"' in client.get("/").content.decode()

@@ -40,6 +40,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from .integrity import check_adventure
+from .llm.schema import json_type_name
 from .models import Adventure, Branch, Memory, ModelProfile, Node, WorldEntry
 from .tree import default_profile
 
@@ -378,22 +379,6 @@ def _key_path(path: str, key: str) -> str:
     return f"{path}.{key}" if _IDENTIFIER.match(key) else f"{path}[{json.dumps(key)}]"
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true or false"
-    if isinstance(value, int):
-        return "a whole number"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"
-
-
 def _check_text(value: str, path: str, max_chars: int) -> str:
     if len(value) > max_chars:
         raise _fault(path, f"is {len(value):,} characters long; at most {max_chars:,} are allowed")
@@ -428,7 +413,7 @@ class _Record:
 
     def __init__(self, value: Any, path: str, fields: tuple[str, ...], caps: Caps) -> None:
         if not isinstance(value, dict):
-            raise _fault(path, f"must be an object, got {_type_name(value)}")
+            raise _fault(path, f"must be an object, got {json_type_name(value)}")
         for key in value:
             if key not in fields:
                 raise _fault(_key_path(path, key), f"unknown field (allowed: {', '.join(fields)})")
@@ -446,7 +431,9 @@ class _Record:
             return None
         ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is int)
         if not ok:
-            raise _fault(self.at(key), f"must be {expected}{' or null' if nullable else ''}, got {_type_name(value)}")
+            raise _fault(
+                self.at(key), f"must be {expected}{' or null' if nullable else ''}, got {json_type_name(value)}"
+            )
         return value
 
     def text(self, key: str, max_chars: int | None = None, *, blank: bool = True, nullable: bool = False) -> Any:
@@ -475,7 +462,7 @@ class _Record:
         value = self.json(key, list)
         for index, item in enumerate(value):
             if not isinstance(item, item_kind):
-                raise _fault(f"{self.at(key)}[{index}]", f"must be {item_name}, got {_type_name(item)}")
+                raise _fault(f"{self.at(key)}[{index}]", f"must be {item_name}, got {json_type_name(item)}")
         return value
 
 
@@ -535,7 +522,7 @@ def _list(doc: dict, key: str, cap: int, *, at_least: int = 0) -> list:
     value = doc[key]
     path = f"$.{key}"
     if not isinstance(value, list):
-        raise _fault(path, f"must be a list, got {_type_name(value)}")
+        raise _fault(path, f"must be a list, got {json_type_name(value)}")
     if len(value) > cap:
         raise _too_large(path, f"has {len(value):,} items; at most {cap:,} are accepted")
     if len(value) < at_least:
@@ -562,7 +549,7 @@ def plan_bundle(doc: Any, caps: Caps | None = None) -> Plan:
     """Validate a parsed bundle completely. Raises BundleError naming the first fault."""
     caps = caps or Caps.from_settings()
     if not isinstance(doc, dict):
-        raise _fault("$", f"a bundle is a JSON object, got {_type_name(doc)}")
+        raise _fault("$", f"a bundle is a JSON object, got {json_type_name(doc)}")
     if doc.get("format") != FORMAT:
         raise _fault("$.format", f'must be "{FORMAT}" (this is not a Storytree bundle)')
     version = doc.get("version")

@@ -33,10 +33,10 @@ from .bundles import (
     BundleError,
     Caps,
     _check_text,
-    _type_name,
     import_document,
     parse_json,
 )
+from .llm.schema import json_type_name
 from .models import Adventure, Node
 from .tree import INITIAL_STATE
 
@@ -106,14 +106,14 @@ class _Chat:
 def _message_text(message: dict, key: str, path: str, caps: Caps) -> str:
     value = message.get(key, "")
     if not isinstance(value, str):
-        raise BundleError(400, f"{path}.{key}", f"must be a string, got {_type_name(value)}")
+        raise BundleError(400, f"{path}.{key}", f"must be a string, got {json_type_name(value)}")
     return _check_text(value, f"{path}.{key}", caps.text_chars)
 
 
 def _flag(message: dict, key: str, path: str) -> bool:
     value = message.get(key, False)
     if not isinstance(value, bool):
-        raise BundleError(400, f"{path}.{key}", f"must be true or false, got {_type_name(value)}")
+        raise BundleError(400, f"{path}.{key}", f"must be true or false, got {json_type_name(value)}")
     return value
 
 
@@ -125,10 +125,10 @@ def _attempts(message: dict, path: str, caps: Caps, warnings: list[str]) -> tupl
     if swipes is None or swipes == []:
         return [shown], 0
     if not isinstance(swipes, list):
-        raise BundleError(400, f"{path}.swipes", f"must be a list, got {_type_name(swipes)}")
+        raise BundleError(400, f"{path}.swipes", f"must be a list, got {json_type_name(swipes)}")
     for index, swipe in enumerate(swipes):
         if not isinstance(swipe, str):
-            raise BundleError(400, f"{path}.swipes[{index}]", f"must be a string, got {_type_name(swipe)}")
+            raise BundleError(400, f"{path}.swipes[{index}]", f"must be a string, got {json_type_name(swipe)}")
         _check_text(swipe, f"{path}.swipes[{index}]", caps.text_chars)
     texts = list(swipes)
     chosen = message.get("swipe_id")
@@ -213,7 +213,9 @@ def chat_document(text: str, *, filename: str | None = None, caps: Caps | None =
     for index, message in lines:
         path = f"$[{index}]"
         if not isinstance(message, dict):
-            raise BundleError(400, path, f"line {index + 1}: a message must be an object, got {_type_name(message)}")
+            raise BundleError(
+                400, path, f"line {index + 1}: a message must be an object, got {json_type_name(message)}"
+            )
         if "mes" not in message:
             raise BundleError(400, f"{path}.mes", f"line {index + 1}: a message needs its text (mes)")
         if _flag(message, "is_system", path):

@@ -51,7 +51,7 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> None:
     if expected is None:
         return
     if not _is_type(value, expected):
-        raise SchemaViolation(path, f"must be {_TYPE_NAMES.get(expected, expected)}, got {_json_type(value)}")
+        raise SchemaViolation(path, f"must be {_TYPE_NAMES.get(expected, expected)}, got {json_type_name(value)}")
     if expected == "object":
         _validate_object(schema, value, path)
     elif expected == "array":
@@ -103,7 +103,7 @@ def _validate_branches(branches: list[dict[str, Any]], value: Any, path: str, *,
     if None not in by_op:
         # Discriminated by "op": the precise error comes from the one branch that applies.
         if not isinstance(value, dict):
-            raise SchemaViolation(path, f"must be an object, got {_json_type(value)}")
+            raise SchemaViolation(path, f"must be an object, got {json_type_name(value)}")
         if "op" not in value:
             raise SchemaViolation(path, "missing required field 'op'")
         branch = by_op.get(value["op"]) if isinstance(value["op"], str) else None
@@ -153,11 +153,12 @@ def _is_type(value: Any, expected: str) -> bool:
     raise ValueError(f"unsupported schema type {expected!r}")
 
 
-def _json_type(value: Any) -> str:
+def json_type_name(value: Any) -> str:
+    """A JSON value's type in plain words, for error messages (also the bundle importer's)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
-        return "a boolean"
+        return "true or false"
     if isinstance(value, int):
         return "a whole number"
     if isinstance(value, float):
